@@ -1,0 +1,49 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test` (see README.md).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+UV_VERSION := 0.13.9
+# uv is installed with the machine's own pip when it is missing, and always called through it.
+UV := $(PYTHON) -m uv
+VENV := .venv
+RUN := $(UV) run --frozen --all-packages
+PYTEST_WORKERS ?= 2
+
+.PHONY: help setup lint format typecheck pytest test demo bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: uv.lock pyproject.toml packages/engine/pyproject.toml packages/deeptrace/pyproject.toml packages/clusterx/pyproject.toml apps/tui/pyproject.toml
+	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet "uv==$(UV_VERSION)"
+	$(UV) sync --locked --all-packages
+	@touch $@
+
+setup: $(VENV)/.installed  ## create .venv with the four packages and the development tools
+
+lint: setup  ## ruff lint and format check
+	$(RUN) ruff check .
+	$(RUN) ruff format --check .
+
+format: setup  ## apply ruff's formatting and fixes
+	$(RUN) ruff format .
+	$(RUN) ruff check --fix .
+
+typecheck: setup  ## mypy --strict over the four packages
+	$(RUN) mypy packages/engine/src packages/deeptrace/src packages/clusterx/src apps/tui/src
+
+pytest: setup  ## the whole test suite (slow tests included)
+	$(RUN) pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+test: lint typecheck pytest  ## install, then lint, type check and the whole test suite
+
+demo: setup  ## install, then run the main job and analyse its run directory
+	$(RUN) python tools/demo.py
+
+bench: setup  ## run every benchmark in tools/bench (minutes; figures go to docs/benchmarks.md by hand)
+	@for b in tools/bench/*.py; do echo "== $$b"; $(RUN) python $$b; done
+
+clean:  ## remove the environment and caches
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache runs

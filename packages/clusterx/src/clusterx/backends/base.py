@@ -1,0 +1,65 @@
+"""The interface every scheduler backend implements (local daemon, Slurm, and a fake for tests).
+
+The client stores a job first (PENDING), then hands it to a backend. Backends never touch the database:
+they turn a job into a backend request, report what they see, and cancel. The client maps what they report
+into the job record through `clusterx.states.may_transition`, so a stale poll never moves a job back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol
+
+from clusterx.states import JobState
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """What a backend needs to run one attempt of a job."""
+
+    job_id: int
+    attempt: int  # 1 for the first run; told to the job (CLUSTERX_ATTEMPT) so that training resumes
+    spec_json: str  # the validated JobSpec, as JSON (clusterx.spec.JobSpec.model_validate_json)
+    log_dir: Path  # where stdout/stderr files of this attempt go
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """One observation of a job by its backend."""
+
+    backend_job_id: str
+    state: JobState
+    raw_state: str  # the backend's own word for it (e.g. Slurm's "OUT_OF_MEMORY")
+    exit_code: int | None = None
+    reason: str | None = None  # failure reason, e.g. "killed by signal 9 (SIGKILL)"
+    hosts: tuple[str, ...] = ()
+    rank_to_host: Mapping[int, str] = field(default_factory=dict)
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+
+
+class Backend(Protocol):
+    name: str
+
+    def dryrun(self, request: SubmitRequest) -> str:
+        """The exact request that `submit` would send (for Slurm, the sbatch script); sends nothing."""
+        ...
+
+    def submit(self, request: SubmitRequest) -> str:
+        """Send the job to the backend; returns the backend's job id."""
+        ...
+
+    def poll(self, backend_job_ids: Sequence[str]) -> dict[str, BackendStatus]:
+        """Status of many jobs in one call; ids the backend no longer knows are left out."""
+        ...
+
+    def cancel(self, backend_job_id: str) -> None:
+        """Cancel a job; cancelling a finished or unknown job is not an error."""
+        ...
+
+    def log_paths(self, request: SubmitRequest) -> dict[str, Path]:
+        """Where the job's output goes: keys 'stdout' and 'stderr' (and 'rank-R' where per-rank files exist)."""
+        ...

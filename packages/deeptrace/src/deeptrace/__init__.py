@@ -1,0 +1,3 @@
+"""deeptrace."""
+
+__version__ = "0.1.0"
