@@ -11,7 +11,7 @@ VENV := .venv
 RUN := $(UV) run --frozen --all-packages
 PYTEST_WORKERS ?= 2
 
-.PHONY: help setup lint format typecheck pytest test demo bench clean
+.PHONY: help setup setup-cuda lint format typecheck pytest test demo bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -47,3 +47,9 @@ bench: setup  ## run every benchmark in tools/bench (minutes; figures go to docs
 
 clean:  ## remove the environment and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache runs
+
+setup-cuda:  ## on a machine with NVIDIA GPUs: .venv from PyPI's default (CUDA) torch; see docs/install.md
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet "torch>=2.11,<2.15"
+	$(VENV)/bin/pip install --quiet -e packages/deeptrace -e packages/clusterx -e "packages/engine[cuda]" -e apps/tui
+	$(VENV)/bin/pip install --quiet "pytest>=8.3,<9" pytest-xdist pytest-timeout hypothesis "transformers>=5.0"
