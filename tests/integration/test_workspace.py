@@ -65,7 +65,7 @@ def test_declared_dependencies_cover_imports(package: str) -> None:
 
 def _requirement_name(requirement: str) -> str:
     for stop in "<>=!~[; ":
-        requirement = requirement.split(stop)[0]
+        requirement = requirement.split(stop, maxsplit=1)[0]
     return requirement.strip().lower().replace("_", "-")
 
 
