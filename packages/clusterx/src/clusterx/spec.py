@@ -10,6 +10,7 @@ look like secrets are refused, because the spec is written to the database and i
 
 from __future__ import annotations
 
+import itertools
 import re
 import tomllib
 import uuid
@@ -67,7 +68,7 @@ def looks_secret(key: str) -> bool:
     words = key.upper().split("_")
     if any(word in _SECRET_WORDS for word in words):
         return True
-    return any(pair in zip(words, words[1:], strict=False) for pair in _SECRET_PAIRS)
+    return any(pair in itertools.pairwise(words) for pair in _SECRET_PAIRS)
 
 
 def parse_memory_mib(value: str | int) -> int:

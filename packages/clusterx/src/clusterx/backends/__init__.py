@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from clusterx.backends.base import Backend
+from clusterx.errors import SpecError
 
 BACKEND_NAMES = ("local", "slurm", "fake")
 
@@ -21,19 +22,17 @@ def get_backend(name: str, options: Mapping[str, str] | None = None, **context: 
     other backends ignore it.
     """
     if name == "slurm":
-        from clusterx.backends.slurm import SlurmBackend
+        from clusterx.backends.slurm import SlurmBackend  # noqa: PLC0415 (lazy: keeps --help fast)
 
         return SlurmBackend(options)
     if name == "local":
-        from clusterx.backends.local import LocalBackend
+        from clusterx.backends.local import LocalBackend  # noqa: PLC0415 (lazy: keeps --help fast)
 
         return LocalBackend(options, **context)
     if name == "fake":
-        from clusterx.backends.fake import FakeBackend
+        from clusterx.backends.fake import FakeBackend  # noqa: PLC0415 (lazy: keeps --help fast)
 
         return FakeBackend(options)
-    from clusterx.errors import SpecError
-
     raise SpecError(f"unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
 
 
