@@ -1,0 +1,373 @@
+"""The span collector: what a training loop calls to record its spans, collectives, steps and heartbeat.
+
+    collector = Collector(run_dir, rank, world_size)
+    for step in range(n):
+        collector.step_begin(step)
+        with collector.span("forward", Category.COMPUTE, layer=3):
+            ...
+        with collector.collective("all_gather", group="dp", nbytes=...):
+            ...
+        collector.step_end(step)
+    collector.close()
+
+Recording costs about a microsecond: a span is a tuple appended to a list; packing and writing happen once per
+step (at `step_end`) or when the buffer fills; the heartbeat is a few attribute stores, written to disk by a
+daemon thread. The collector must never take the training job down: a failing disk write is reported by a
+warning and the data dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import threading
+import warnings
+from pathlib import Path
+from time import monotonic_ns
+from types import TracebackType
+from typing import IO
+
+from deeptrace.collect import trace_format as fmt
+from deeptrace.collect.contexts import (
+    NO_STRING,
+    NONE_I32,
+    NONE_I64,
+    CollectiveContext,
+    Record,
+    SpanContext,
+    ThreadTracks,
+)
+from deeptrace.collect.heartbeat import HeartbeatWriter, LiveHeartbeat
+from deeptrace.rundir import layout
+from deeptrace.rundir.jsonio import dumps, write_atomically
+from deeptrace.rundir.records import ClockRef, HeartbeatState, RankClock
+from deeptrace.rundir.writer import RunDirectoryError, process_identity
+from deeptrace.spans import Category
+
+
+class Collector:
+    """Records one rank's spans into RUN_DIR/trace/rank-{R}.dtr and keeps RUN_DIR/heartbeat/rank-{R}.json.
+
+    Args:
+        run_dir: the run directory (created if missing).
+        rank, world_size: this process's place in the job.
+        heartbeat_interval_s: how often the daemon thread rewrites the heartbeat; None: only at step end and close.
+        buffer_spans: spans kept in memory before a write even without a step end.
+        trace: False keeps heartbeats (for hang diagnosis) but writes no span file.
+
+    Spans nest: a span opened inside another on the same thread goes on the track `<thread>/<depth>` (the
+    outermost on `<thread>`, which is `main` for the thread that made the collector), so that spans on one track
+    never overlap. Step windows are recorded as spans named "step" on the track "steps".
+    """
+
+    def __init__(
+        self,
+        run_dir: Path | str,
+        rank: int,
+        world_size: int,
+        *,
+        heartbeat_interval_s: float | None = 1.0,
+        buffer_spans: int = 8192,
+        trace: bool = True,
+    ) -> None:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise RunDirectoryError(f"rank {rank} is not within world size {world_size}: pass 0 <= rank < world_size")
+        self.run_dir = Path(run_dir)
+        self.rank = rank
+        self.world_size = world_size
+        self.trace = trace
+        self._buffer: list[Record] = []
+        self._buffer_limit = max(1, buffer_spans)
+        self._ids: dict[str, int] = {}
+        self._new_strings: list[tuple[int, str]] = []
+        self._id_counter = itertools.count()
+        self._intern_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._next_seq: dict[str, int] = {}
+        self._step: int | None = None
+        self._step_code = NONE_I64  # the current step as stored in records
+        self._step_start_ns: int | None = None
+        self._closed = False
+        self._write_failed = False
+        host, pid = process_identity()
+        self._live = LiveHeartbeat(rank=rank, world_size=world_size, host=host, pid=pid)
+        self._main_ident = threading.get_ident()
+        self._main_thread = ThreadTracks("main", self._live.open_spans)
+        self._threads: dict[int, ThreadTracks] = {self._main_ident: self._main_thread}
+        self._code_of: dict[str, int] = {str(c): code for c, code in fmt.CATEGORY_CODES.items()}
+
+        self.clock = ClockRef.measure()
+        self._live.last_event_ns = self.clock.mono_ns
+        self._rank_clock = RankClock(
+            rank=rank, host=host, pid=pid, start=self.clock, format_version=layout.FORMAT_VERSION
+        )
+        self._file: IO[bytes] | None = None
+        if trace:
+            layout.trace_dir(self.run_dir).mkdir(parents=True, exist_ok=True)
+            self._set_aside_previous_attempt()
+            self._file = layout.trace_path(self.run_dir, rank).open("wb", buffering=0)
+            self._file.write(fmt.HEADER.pack(fmt.MAGIC, fmt.TRACE_FORMAT_VERSION, fmt.HEADER.size, rank, world_size))
+            self._write_clock()
+        self._heartbeat = HeartbeatWriter(self.run_dir, self._live, self.clock, heartbeat_interval_s)
+
+    # ---- recording -------------------------------------------------------------------------------------------
+
+    def span(
+        self,
+        name: str,
+        category: Category,
+        *,
+        step: int | None = None,
+        layer: int | None = None,
+        nbytes: int | None = None,
+    ) -> SpanContext:
+        """Time a block: `with collector.span("forward", Category.COMPUTE, layer=3): ...`.
+
+        `step` defaults to the step begun last.
+        """
+        return SpanContext(
+            self,
+            name,
+            category,
+            step=self._step_code if step is None else step,
+            layer=NONE_I32 if layer is None else layer,
+            nbytes=NONE_I64 if nbytes is None else nbytes,
+        )
+
+    def collective(
+        self,
+        name: str,
+        group: str = "world",
+        *,
+        nbytes: int | None = None,
+        seq: int | None = None,
+        step: int | None = None,
+    ) -> CollectiveContext:
+        """Time a collective: the next sequence number of `group` (unless `seq` is given), a COMM span, heartbeat.
+
+        Every rank of a group calls its collectives in the same order, so (group, seq) names the same collective
+        on every rank: that is how the analysis matches them and how the hang diagnosis finds who never arrived.
+        """
+        return CollectiveContext(
+            self,
+            name,
+            group,
+            seq=seq,
+            step=self._step_code if step is None else step,
+            nbytes=NONE_I64 if nbytes is None else nbytes,
+        )
+
+    def record(
+        self,
+        name: str,
+        category: Category,
+        start_ns: int,
+        end_ns: int,
+        *,
+        step: int | None = None,
+        layer: int | None = None,
+        nbytes: int | None = None,
+        group: str | None = None,
+        seq: int | None = None,
+        track: str | None = None,
+    ) -> None:
+        """Record an interval timed elsewhere (e.g. by CUDA events), in `time.monotonic_ns()` nanoseconds.
+
+        `track` names where it ran (a CUDA stream, say); by default the calling thread's track at its current depth.
+        """
+        if track is None:
+            thread = self._thread()
+            track_id = self._track_id(thread, len(thread.stack))
+        else:
+            track_id = self._intern(track)
+        self._append(
+            (
+                fmt.TAG_SPAN,
+                self._category_code(category),
+                self._intern(name),
+                track_id,
+                NO_STRING if group is None else self._intern(group),
+                start_ns,
+                end_ns,
+                self._step_code if step is None else step,
+                NONE_I32 if layer is None else layer,
+                NONE_I64 if seq is None else seq,
+                NONE_I64 if nbytes is None else nbytes,
+            )
+        )
+
+    def step_begin(self, step: int) -> None:
+        now = monotonic_ns()
+        self._step = step
+        self._step_code = step
+        self._step_start_ns = now
+        self._live.step = step
+        self._live.last_event_ns = now
+
+    def step_end(self, step: int) -> None:
+        """Close the step: record its window, write the buffered spans, and have the heartbeat rewritten."""
+        now = monotonic_ns()
+        if self._step_start_ns is not None and self._step == step:
+            self._append(
+                (
+                    fmt.TAG_SPAN,
+                    fmt.CATEGORY_CODES[Category.OTHER],
+                    self._intern(fmt.STEP_SPAN_NAME),
+                    self._intern(fmt.STEP_TRACK),
+                    NO_STRING,
+                    self._step_start_ns,
+                    now,
+                    step,
+                    NONE_I32,
+                    NONE_I64,
+                    NONE_I64,
+                )
+            )
+        self._step_start_ns = None
+        self._live.step_done = step
+        self._live.last_event_ns = now
+        self.flush()
+        self._heartbeat.wake()
+
+    # ---- internals of the hot path ----------------------------------------------------------------------------
+
+    def _append(self, record: Record) -> None:
+        buffer = self._buffer
+        buffer.append(record)
+        if len(buffer) >= self._buffer_limit:
+            self.flush()
+
+    def _intern(self, text: str) -> int:
+        string_id = self._ids.get(text)
+        if string_id is None:
+            with self._intern_lock:
+                string_id = self._ids.get(text)
+                if string_id is None:
+                    string_id = next(self._id_counter)
+                    # Defined (queued for the file) before any span can use it: flush writes strings first.
+                    self._new_strings.append((string_id, text))
+                    self._ids[text] = string_id
+        return string_id
+
+    def _category_code(self, category: Category) -> int:
+        code = self._code_of.get(category)
+        if code is None:
+            raise ValueError(f"unknown span category {category!r}: use one of {[str(c) for c in Category]}")
+        return code
+
+    def _thread(self) -> ThreadTracks:
+        ident = threading.get_ident()
+        thread = self._threads.get(ident)
+        if thread is None:
+            thread = self._threads[ident] = ThreadTracks(threading.current_thread().name, [])
+        return thread
+
+    def _track_id(self, thread: ThreadTracks, depth: int) -> int:
+        tracks = thread.tracks
+        while len(tracks) <= depth:
+            level = len(tracks)
+            tracks.append(self._intern(thread.base if level == 0 else f"{thread.base}/{level}"))
+        return tracks[depth]
+
+    # ---- writing ----------------------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write the buffered spans (and the strings they use) to the trace file in one append."""
+        with self._flush_lock:
+            buffer = self._buffer
+            count = len(buffer)  # spans appended after this point stay for the next flush
+            records = buffer[:count]
+            del buffer[:count]
+            strings = self._new_strings
+            n_strings = len(strings)  # read after the spans: every string those spans use is included
+            new = strings[:n_strings]
+            del strings[:n_strings]
+            if self._file is None or self._closed:
+                return
+            data = bytearray()
+            for string_id, text in new:
+                encoded = text.encode()[: fmt.MAX_STRING_BYTES]
+                data += fmt.STRING_HEAD.pack(fmt.TAG_STRING, string_id, len(encoded))
+                data += encoded
+            data += _pack_spans(records)
+            try:
+                self._file.write(data)
+            except OSError as exc:
+                self._warn_once(f"deeptrace: could not write {self._file.name}: {exc}; spans are dropped")
+
+    def _warn_once(self, message: str) -> None:
+        if not self._write_failed:
+            self._write_failed = True
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    def _write_clock(self) -> None:
+        write_atomically(layout.clock_path(self.run_dir, self.rank), dumps(self._rank_clock.to_dict(), indent=True))
+
+    def _set_aside_previous_attempt(self) -> None:
+        """A restarted rank keeps its earlier trace: rank-R.dtr becomes rank-R.attempt-K.dtr (clock likewise)."""
+        trace = layout.trace_path(self.run_dir, self.rank)
+        if not trace.exists():
+            return
+        attempt = 1
+        while trace.with_name(f"rank-{self.rank}.attempt-{attempt}{layout.TRACE_SUFFIX}").exists():
+            attempt += 1
+        trace.rename(trace.with_name(f"rank-{self.rank}.attempt-{attempt}{layout.TRACE_SUFFIX}"))
+        clock = layout.clock_path(self.run_dir, self.rank)
+        if clock.exists():
+            clock.rename(clock.with_name(f"rank-{self.rank}.attempt-{attempt}{layout.CLOCK_SUFFIX}"))
+
+    def write_heartbeat(self) -> None:
+        """Rewrite the heartbeat file now, from this thread (the daemon thread does it on its own otherwise)."""
+        self._heartbeat.write()
+
+    def close(self, final_state: HeartbeatState = "closed", error: str | None = None) -> None:
+        """Flush, record the closing clock reference and leave the last heartbeat with `final_state`.
+
+        `final_state="running"` leaves the heartbeat as a killed process would (tests use it to plant hangs).
+        Calling close again does nothing.
+        """
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        if self._file is not None:
+            self._file.close()
+            self._rank_clock = RankClock(
+                rank=self._rank_clock.rank,
+                host=self._rank_clock.host,
+                pid=self._rank_clock.pid,
+                start=self._rank_clock.start,
+                end=ClockRef.measure(),
+                format_version=layout.FORMAT_VERSION,
+            )
+            self._write_clock()
+        if error is not None:
+            self._live.error = error
+        self._heartbeat.stop(final_state)
+
+    def __enter__(self) -> Collector:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.close("crashed", error=f"{exc_type.__name__}: {exc}")
+
+
+def _pack_spans(records: list[Record]) -> bytes:
+    pack = fmt.SPAN.pack
+    try:
+        return b"".join([pack(*record) for record in records])
+    except (struct.error, TypeError):
+        # A field out of range or of the wrong type: keep every valid span, warn about the bad ones.
+        kept = []
+        for record in records:
+            try:
+                kept.append(pack(*record))
+            except (struct.error, TypeError) as error:
+                message = f"deeptrace: span dropped, a field is invalid ({error}): {record}"
+                warnings.warn(message, RuntimeWarning, stacklevel=4)
+        return b"".join(kept)

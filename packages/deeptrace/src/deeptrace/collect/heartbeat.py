@@ -1,0 +1,135 @@
+"""The heartbeat: a rank's position (step, open span, collectives) kept in memory, written to disk by a thread.
+
+The training thread only assigns a few attributes of `LiveHeartbeat` per event (nanoseconds); a daemon thread
+turns them into heartbeat/rank-{R}.json every `interval_s` and whenever `wake()` is called (the collector calls it
+at step end). The file is replaced atomically, so a reader never sees half a heartbeat, and it keeps being
+rewritten while the training thread is blocked: during a hang it shows the collective or span the rank is stuck in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from deeptrace.collect import trace_format as fmt
+from deeptrace.rundir import layout
+from deeptrace.rundir.jsonio import dumps, write_atomically
+from deeptrace.rundir.records import ClockRef, CollectiveMark, Heartbeat, HeartbeatState, SpanMark
+
+
+class OpenSpan(Protocol):
+    """A span entered and not yet left (the collector's span objects): the heartbeat reports the innermost."""
+
+    name: str
+    category: str
+    step: int  # as stored in the trace: trace_format.NONE_I64 when the span has no step
+    start_ns: int
+
+
+@dataclass(slots=True)
+class LiveHeartbeat:
+    """What the heartbeat says, in monotonic nanoseconds; mutated by the training thread, read by the writer."""
+
+    rank: int
+    world_size: int
+    host: str
+    pid: int
+    state: HeartbeatState = "running"
+    last_event_ns: int = 0
+    step: int | None = None
+    step_done: int | None = None
+    # (name, group, seq, monotonic ns)
+    entered: tuple[str, str, int, int] | None = None
+    left: tuple[str, str, int, int] | None = None
+    groups: dict[str, list[int | None]] = field(default_factory=dict)  # group -> [entered seq, left seq]
+    open_spans: list[OpenSpan] = field(default_factory=list)  # the training thread's stack of open spans
+    error: str | None = None
+
+    def snapshot(self, clock: ClockRef, written_ns: int) -> Heartbeat:
+        def wall_s(mono_ns: int) -> float:
+            return clock.to_wall_ns(mono_ns) / 1e9
+
+        def mark(entry: tuple[str, str, int, int] | None) -> CollectiveMark | None:
+            if entry is None:
+                return None
+            name, group, seq, at_ns = entry
+            return CollectiveMark(name=name, group=group, seq=seq, wall_s=wall_s(at_ns))
+
+        innermost = self.open_spans[-1] if self.open_spans else None
+        return Heartbeat(
+            rank=self.rank,
+            world_size=self.world_size,
+            host=self.host,
+            pid=self.pid,
+            state=self.state,
+            written_wall_s=wall_s(written_ns),
+            last_event_wall_s=wall_s(self.last_event_ns),
+            step=self.step,
+            step_done=self.step_done,
+            open_span=None
+            if innermost is None
+            else SpanMark(
+                innermost.name,
+                str(innermost.category),
+                None if innermost.step == fmt.NONE_I64 else innermost.step,
+                wall_s(innermost.start_ns),
+            ),
+            collective_entered=mark(self.entered),
+            collective_left=mark(self.left),
+            groups={group: (marks[0], marks[1]) for group, marks in list(self.groups.items())},
+            error=self.error,
+            format_version=layout.FORMAT_VERSION,
+        )
+
+
+class HeartbeatWriter:
+    """Rewrites one rank's heartbeat file from a daemon thread; `interval_s=None` writes only when asked."""
+
+    def __init__(self, run_dir: Path, state: LiveHeartbeat, clock: ClockRef, interval_s: float | None = 1.0) -> None:
+        self.path = layout.heartbeat_path(run_dir, state.rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.state = state
+        self.clock = clock
+        self.interval_s = interval_s
+        self._wake = threading.Event()
+        self._stopping = False
+        self._lock = threading.Lock()  # one writer of the file at a time (thread and explicit writes)
+        self._thread: threading.Thread | None = None
+        self.write()
+        if interval_s is not None:
+            self._thread = threading.Thread(target=self._run, name=f"deeptrace-heartbeat-{state.rank}", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stopping:
+                return
+            # A failed write (disk full, folder removed) must never kill the training job; the next one retries.
+            with contextlib.suppress(OSError):
+                self.write()
+
+    def write(self) -> None:
+        """Write the heartbeat file now, from the calling thread."""
+        with self._lock:
+            heartbeat = self.state.snapshot(self.clock, time.monotonic_ns())
+            write_atomically(self.path, dumps(heartbeat.to_dict(), indent=True))
+
+    def wake(self) -> None:
+        """Ask the thread to write soon (cheap: the training thread does not wait for the disk)."""
+        self._wake.set()
+
+    def stop(self, final_state: HeartbeatState) -> None:
+        """Stop the thread and write the last heartbeat with `final_state`."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.state.state = final_state
+        self.write()

@@ -1,0 +1,45 @@
+"""The run-directory format: deeptrace owns it, xtrain writes it, `deeptrace analyze` and xtop read it.
+
+Writer: `RunWriter(run_dir, rank, world_size)` (meta.json, config.toml, metrics.jsonl, ranks/rank-{R}.jsonl);
+spans and heartbeats come from `deeptrace.collect.Collector`. Readers: `read_meta`, `read_metrics`,
+`read_rank_records`, `read_heartbeats`, `read_rank_clock`, and `JsonlFollower` for growing files. Paths: `layout`.
+Every file and field is specified in docs/run-directory.md.
+"""
+
+from deeptrace.rundir import layout
+from deeptrace.rundir.jsonl import JsonlFollower, read_jsonl
+from deeptrace.rundir.layout import FORMAT_VERSION, discover_ranks
+from deeptrace.rundir.readers import (
+    read_config_toml,
+    read_heartbeat,
+    read_heartbeats,
+    read_meta,
+    read_metrics,
+    read_rank_clock,
+    read_rank_records,
+)
+from deeptrace.rundir.records import ClockRef, CollectiveMark, Heartbeat, RankClock, RunMeta, SpanMark
+from deeptrace.rundir.writer import RunDirectoryError, RunWriter
+
+__all__ = [
+    "FORMAT_VERSION",
+    "ClockRef",
+    "CollectiveMark",
+    "Heartbeat",
+    "JsonlFollower",
+    "RankClock",
+    "RunDirectoryError",
+    "RunMeta",
+    "RunWriter",
+    "SpanMark",
+    "discover_ranks",
+    "layout",
+    "read_config_toml",
+    "read_heartbeat",
+    "read_heartbeats",
+    "read_jsonl",
+    "read_meta",
+    "read_metrics",
+    "read_rank_clock",
+    "read_rank_records",
+]
