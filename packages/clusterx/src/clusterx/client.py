@@ -1,0 +1,339 @@
+"""`clusterx.Client`: the Python API; the command line is a thin layer over it.
+
+Jobs are returned as job records (plain dicts, `clusterx.record.job_record`): the same stable contract that
+`clusterx describe --json` prints.
+
+Backends without a daemon of ours (Slurm, fake) are polled by the client: `list`, `describe` and `wait` first
+ask each such backend, in one call for all its live jobs, what it sees (at most every `poll_interval_s`), and
+record the answer through the store, which ignores stale answers.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from clusterx.backends import get_backend, is_pollable
+from clusterx.backends.base import Backend, BackendStatus, SubmitRequest
+from clusterx.db.engine import resolve_db_url
+from clusterx.db.models import Job, utcnow
+from clusterx.errors import ClusterxError, JobStateError, NotOwnerError, ResourceError, SpecError
+from clusterx.paths import attempt_dir, default_runs_dir
+from clusterx.record import job_record
+from clusterx.spec import JobSpec
+from clusterx.states import JobState
+from clusterx.store import JobStore
+
+# A polled job its backend no longer reports, this long after submission, is LOST (its end was never seen).
+LOST_AFTER = timedelta(minutes=2)
+RETRYABLE_STATES = (JobState.FAILED, JobState.NODE_FAIL)
+
+
+class Client:
+    def __init__(
+        self,
+        db: str | None = None,
+        *,
+        user: str | None = None,
+        runs_dir: str | Path | None = None,
+        poll_interval_s: float = 2.0,
+    ) -> None:
+        """`db`: a SQLite file path or a database URL; None means CLUSTERX_DB, else the user's default file."""
+        self.url = resolve_db_url(db)
+        self.store = JobStore(self.url)
+        self.user = user or getpass.getuser()
+        self.host = socket.gethostname()
+        self.runs_dir = Path(runs_dir) if runs_dir else default_runs_dir(self.url)
+        self.poll_interval_s = poll_interval_s
+        self._last_poll = float("-inf")
+        self._backends: dict[tuple[str, tuple[tuple[str, str], ...]], Backend] = {}
+
+    def close(self) -> None:
+        self.store.close()
+
+    # -- submitting ---------------------------------------------------------------------------------------------
+    def prepare(self, spec: JobSpec) -> JobSpec:
+        """The spec as it will be stored: absolute workdir and run_dir filled in; resources checked."""
+        workdir = str(Path(spec.workdir or os.getcwd()).resolve())
+        run_dir = spec.run_dir or str(self.runs_dir / f"{spec.name}-{spec.submit_key[:8]}")
+        spec = spec.model_copy(update={"workdir": workdir, "run_dir": str(Path(run_dir).resolve())})
+        check_resources(spec)
+        return spec
+
+    def dryrun(self, spec: JobSpec) -> str:
+        """What `submit` would send to the backend (for Slurm, the sbatch script). Stores nothing."""
+        spec = self.prepare(spec)
+        backend = self._backend(spec.backend, spec.backend_options)
+        assert spec.run_dir is not None  # prepare() sets it
+        return backend.dryrun(SubmitRequest(0, 1, spec.model_dump_json(), attempt_dir(spec.run_dir, 1)))
+
+    def submit(self, spec: JobSpec, *, retry_of: int | None = None) -> dict[str, Any]:
+        """Store the job, hand it to its backend, return its record. Submitting a spec whose submit_key is
+        already stored returns that job unchanged."""
+        spec = self.prepare(spec)
+        assert spec.run_dir is not None  # prepare() sets it
+        backend = self._backend(spec.backend, spec.backend_options)
+        now = utcnow()
+        job, created = self.store.insert_job(
+            Job(
+                submit_key=spec.submit_key,
+                name=spec.name,
+                user=self.user,
+                submit_host=self.host,
+                backend=spec.backend,
+                state=JobState.PENDING.value,
+                spec=spec.model_dump(mode="json"),
+                run_dir=spec.run_dir,
+                log_paths={},
+                hosts=[],
+                rank_to_host={},
+                attempt=1,
+                max_retries=spec.max_retries,
+                priority=spec.priority,
+                nodes=spec.nodes,
+                cpus=spec.cpus_needed,
+                gpus=spec.gpus_per_node,
+                mem_mib=spec.mem_per_node or 0,
+                time_limit_s=spec.time_limit,
+                cancel_requested=False,
+                retry_of=retry_of,
+                created_at=now,
+                updated_at=now,
+            ),
+            source="client",
+            message=f"submitted by {self.user}@{self.host}",
+        )
+        if created:
+            self._hand_to_backend(job.id, 1, spec, backend)
+        return self.describe(job.id, poll=False)
+
+    def _hand_to_backend(self, job_id: int, attempt: int, spec: JobSpec, backend: Backend) -> str:
+        assert spec.run_dir is not None
+        request = SubmitRequest(job_id, attempt, spec.model_dump_json(), attempt_dir(spec.run_dir, attempt))
+        try:
+            rendered = backend.dryrun(request)
+            backend_job_id = backend.submit(request)
+        except Exception as exc:
+            reason = f"the {backend.name} backend refused the job: {exc}"
+            self.store.apply(
+                job_id, "client", reason, JobState.FAILED, fields={"failure_reason": reason, "raw_state": "REFUSED"}
+            )
+            if isinstance(exc, ClusterxError):
+                raise
+            raise ClusterxError(reason) from exc
+        log_paths = {key: str(path) for key, path in backend.log_paths(request).items()}
+        self.store.apply(
+            job_id,
+            "client",
+            f"accepted by the {backend.name} backend as {backend_job_id}",
+            JobState.QUEUED,
+            fields={
+                "backend_job_id": backend_job_id,
+                "rendered_request": rendered,
+                "log_paths": log_paths,
+                "submitted_at": utcnow(),
+                "raw_state": "SUBMITTED",
+            },
+            attempt_fields={"state": JobState.QUEUED.value, "backend_job_id": backend_job_id},
+        )
+        return backend_job_id
+
+    # -- reading ------------------------------------------------------------------------------------------------
+    def list(
+        self,
+        *,
+        states: Iterable[str] = (),
+        user: str | None = None,
+        name: str | None = None,
+        backend: str | None = None,
+        limit: int | None = 50,
+        poll: bool = True,
+    ) -> list[dict[str, Any]]:
+        """Job records, newest first."""
+        if poll:
+            self.reconcile()
+        jobs = self.store.list_jobs(states=states, user=user, name=name, backend=backend, limit=limit)
+        return [job_record(job) for job in jobs]
+
+    def describe(self, job_id: int, *, poll: bool = True) -> dict[str, Any]:
+        """The full job record, with its events and attempts."""
+        if poll:
+            self.reconcile()
+        job = self.store.get(job_id)
+        return job_record(job, self.store.events(job_id), self.store.attempts(job_id))
+
+    def wait(self, job_id: int, timeout_s: float | None = None, interval_s: float = 0.5) -> dict[str, Any]:
+        """Block until the job ends; returns its record (a live one when `timeout_s` ran out)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        job = self.store.get(job_id)
+        if job.backend == "local" and not JobState(job.state).is_terminal:
+            self._ensure_daemon()
+        while True:
+            self.reconcile(force=time.monotonic() - self._last_poll >= max(interval_s, 1.0))
+            job = self.store.get(job_id)
+            if JobState(job.state).is_terminal or (deadline is not None and time.monotonic() >= deadline):
+                return self.describe(job_id, poll=False)
+            time.sleep(interval_s)
+
+    # -- changing -----------------------------------------------------------------------------------------------
+    def cancel(self, job_ids: Iterable[int]) -> dict[int, JobState]:
+        """Cancel jobs (idempotent: an ended job is left as it is). Returns each job's state afterwards;
+        a running job shows its state until its backend confirms the cancellation."""
+        jobs = [self.store.get(job_id) for job_id in job_ids]
+        for job in jobs:
+            if job.user != self.user:
+                raise NotOwnerError(f"job {job.id} belongs to {job.user}; only they can cancel it")
+        result = {}
+        for job in jobs:
+            if JobState(job.state).is_terminal:
+                result[job.id] = JobState(job.state)
+                continue
+            backend = self._backend(job.backend, job.spec.get("backend_options", {}))
+            if is_pollable(backend) and job.backend_job_id:
+                backend.cancel(job.backend_job_id)
+            result[job.id] = self.store.request_cancel(job.id, f"client:{self.user}")
+        return result
+
+    def retry(self, job_id: int) -> dict[str, Any]:
+        """A new job from an ended job's spec (same run directory, so training resumes from its checkpoints),
+        linked to it by `retry_of`. The ended job itself never changes."""
+        job = self.store.get(job_id)
+        if not JobState(job.state).is_terminal:
+            raise JobStateError(f"job {job_id} is still {job.state}; wait for it or cancel it before retrying")
+        spec = JobSpec.model_validate(job.spec).model_copy(update={"submit_key": uuid.uuid4().hex})
+        return self.submit(spec, retry_of=job_id)
+
+    def log_file(self, job_id: int, stream: str = "stdout", rank: int | None = None) -> Path:
+        """The file holding a job's output: its stdout/stderr, or one rank's log (`rank`)."""
+        job = self.store.get(job_id)
+        if rank is not None:
+            key = f"rank-{rank}"
+            if key in job.log_paths:
+                return Path(job.log_paths[key])
+            return Path(job.run_dir) / "logs" / f"rank-{rank}.log"  # the run directory's own per-rank logs
+        if stream not in ("stdout", "stderr"):
+            raise SpecError(f"unknown log stream {stream!r}; use stdout or stderr")
+        if stream in job.log_paths:
+            return Path(job.log_paths[stream])
+        return attempt_dir(job.run_dir, job.attempt) / f"{stream}.log"
+
+    def is_live(self, job_id: int) -> bool:
+        return not JobState(self.store.get(job_id).state).is_terminal
+
+    # -- polling backends ---------------------------------------------------------------------------------------
+    def reconcile(self, *, force: bool = False) -> None:
+        """Ask the polled backends about their live jobs (rate-limited) and record what they say."""
+        now = time.monotonic()
+        if not force and now - self._last_poll < self.poll_interval_s:
+            return
+        self._last_poll = now
+        live = self.store.live_jobs(["slurm", "fake"])
+        groups: dict[tuple[str, tuple[tuple[str, str], ...]], list[Job]] = {}
+        for job in live:
+            if job.backend_job_id:
+                options = tuple(sorted(job.spec.get("backend_options", {}).items()))
+                groups.setdefault((job.backend, options), []).append(job)
+        for (name, options), jobs in groups.items():
+            backend = self._backend(name, dict(options))
+            statuses = backend.poll([job.backend_job_id for job in jobs if job.backend_job_id])
+            for job in jobs:
+                status = statuses.get(job.backend_job_id or "")
+                if status is not None:
+                    self._record_status(job, status, backend)
+                elif job.submitted_at is not None and utcnow() - job.submitted_at > LOST_AFTER:
+                    reason = f"the {name} backend no longer knows job {job.backend_job_id}"
+                    self.store.apply(
+                        job.id, f"poll:{name}", reason, JobState.LOST,
+                        fields={"failure_reason": reason}, expect_attempt=job.attempt,
+                    )  # fmt: skip
+
+    def _record_status(self, job: Job, status: BackendStatus, backend: Backend) -> None:
+        source = f"poll:{backend.name}"
+        fields: dict[str, Any] = {"raw_state": status.raw_state}
+        if status.exit_code is not None:
+            fields["exit_code"] = status.exit_code
+        if status.reason:
+            fields["failure_reason"] = status.reason
+        if status.hosts:
+            fields["hosts"] = list(status.hosts)
+        if status.rank_to_host:
+            fields["rank_to_host"] = {str(rank): host for rank, host in status.rank_to_host.items()}
+        if status.started_at is not None:
+            fields["started_at"] = status.started_at
+        if status.ended_at is not None:
+            fields["ended_at"] = status.ended_at
+        attempt_fields = {
+            "state": status.state.value,
+            "backend_job_id": status.backend_job_id,
+            "exit_code": status.exit_code,
+            "reason": status.reason,
+            "host": status.hosts[0] if status.hosts else None,
+            "started_at": status.started_at,
+            "ended_at": status.ended_at or (utcnow() if status.state.is_terminal else None),
+        }
+        message = f"{backend.name} reports {status.raw_state}" + (f": {status.reason}" if status.reason else "")
+        if status.state in RETRYABLE_STATES and job.attempt <= job.max_retries:
+            retry_message = f"attempt {job.attempt} {status.state.value.lower()} ({message}); retrying"
+            if self.store.requeue_for_retry(job.id, job.attempt, source, retry_message, attempt_fields):
+                spec = JobSpec.model_validate(job.spec)
+                self._hand_to_backend(job.id, job.attempt + 1, spec, backend)
+            return
+        self.store.apply(
+            job.id, source, message, status.state, fields=fields, expect_attempt=job.attempt,
+            attempt_fields=attempt_fields,
+        )  # fmt: skip
+
+    def _backend(self, name: str, options: Mapping[str, str]) -> Backend:
+        key = (name, tuple(sorted(options.items())))
+        if key not in self._backends:
+            self._backends[key] = (
+                get_backend(name, options, db_url=self.url) if name == "local" else get_backend(name, options)
+            )
+        return self._backends[key]
+
+    def _ensure_daemon(self) -> None:
+        from clusterx.daemon.control import start_daemon  # noqa: PLC0415 (lazy: only local jobs need it)
+
+        start_daemon(self.url)
+
+
+def check_resources(spec: JobSpec) -> None:
+    """Reject what the backend can never run, before anything is stored."""
+    if spec.backend != "local":
+        return
+    if spec.nodes != 1:
+        raise ResourceError(
+            f"the local backend runs a job on this one machine, so nodes must be 1 (got {spec.nodes}); "
+            "use --backend slurm for several nodes"
+        )
+    if spec.workdir is not None and not Path(spec.workdir).is_dir():
+        raise SpecError(f"working directory {spec.workdir} does not exist")
+    import psutil  # noqa: PLC0415 (lazy: the slurm path never needs it)
+
+    cpus = psutil.cpu_count(logical=True) or 1
+    if spec.cpus_needed > cpus:
+        raise ResourceError(
+            f"the job needs {spec.cpus_needed} CPU cores per node but this machine has {cpus}; "
+            "lower --cpus-per-node / --procs-per-node"
+        )
+    mem_mib = psutil.virtual_memory().total // (1024 * 1024)
+    if spec.mem_per_node is not None and spec.mem_per_node > mem_mib:
+        raise ResourceError(
+            f"the job needs {spec.mem_per_node} MiB of memory but this machine has {mem_mib} MiB; lower --mem"
+        )
+    if spec.gpus_per_node > 0:
+        from clusterx.daemon.resources import gpu_indices  # noqa: PLC0415 (NVML only for GPU requests)
+
+        gpus = len(gpu_indices())
+        if spec.gpus_per_node > gpus:
+            raise ResourceError(
+                f"the job needs {spec.gpus_per_node} GPU(s) but this machine has {gpus}; lower --gpus-per-node "
+                "or submit to a backend with GPUs"
+            )

@@ -1,0 +1,343 @@
+"""All reads and writes of the job history. Every change of state goes through `JobStore.apply`, which locks the
+job's row, refuses to move a terminal job or to move a live one backwards (`may_transition`), and writes a
+job_events row for the change in the same transaction.
+
+The one sanctioned backward move is `requeue_for_retry`: a failed attempt with retries left puts the job back to
+QUEUED with the next attempt number (the job stays live between attempts; only the last attempt's end is final).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from clusterx.db.engine import ensure_schema, make_engine, retry_db
+from clusterx.db.models import Attempt, Job, JobEvent, utcnow
+from clusterx.errors import JobNotFoundError
+from clusterx.states import JobState, may_transition
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """What a scheduling pass needs of one queued job (plain columns, no JSON)."""
+
+    id: int
+    priority: int
+    cpus: int
+    gpus: int
+    mem_mib: int
+
+
+class JobStore:
+    def __init__(self, url: str, engine: Engine | None = None) -> None:
+        self.url = url
+        self.engine = engine or make_engine(url)
+        ensure_schema(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- transactions -------------------------------------------------------------------------------------------
+    def write(self, fn: Callable[[Session], T]) -> T:
+        """Run `fn` in one write transaction (BEGIN IMMEDIATE on SQLite), retried when the database is busy."""
+
+        def once() -> T:
+            with Session(self.engine, expire_on_commit=False) as session:
+                session.connection(execution_options={"clusterx_write": True})
+                result = fn(session)
+                session.commit()
+                return result
+
+        return retry_db(once)
+
+    def read(self, fn: Callable[[Session], T]) -> T:
+        def once() -> T:
+            with Session(self.engine, expire_on_commit=False) as session:
+                return fn(session)
+
+        return retry_db(once)
+
+    # -- creating -----------------------------------------------------------------------------------------------
+    def insert_job(self, job: Job, source: str, message: str) -> tuple[Job, bool]:
+        """Store a new job (and its first event); returns (job, created). A job with the same submit key
+        already stored is returned as it is: a repeated submit is idempotent."""
+
+        def insert(session: Session) -> Job:
+            session.add(job)
+            session.flush()
+            session.add(_event(job.id, job.attempt, None, job.state, source=source, message=message))
+            return job
+
+        try:
+            return self.write(insert), True
+        except IntegrityError:
+            existing = self.read(
+                lambda s: s.execute(select(Job).where(Job.submit_key == job.submit_key)).scalar_one_or_none()
+            )
+            if existing is None:
+                raise
+            return existing, False
+
+    # -- reading ------------------------------------------------------------------------------------------------
+    def get(self, job_id: int) -> Job:
+        job = self.read(lambda s: s.get(Job, job_id))
+        if job is None:
+            raise JobNotFoundError(f"no job {job_id} in {self.url}; `clusterx list` shows the jobs there")
+        return job
+
+    def list_jobs(
+        self,
+        *,
+        states: Iterable[str] = (),
+        user: str | None = None,
+        name: str | None = None,
+        backend: str | None = None,
+        limit: int | None = 50,
+        live_only: bool = False,
+    ) -> list[Job]:
+        """Newest first. `name` matches a substring ('*' and '?' work as wildcards)."""
+        query = select(Job).order_by(Job.id.desc())
+        states = list(states)
+        if live_only:
+            states = [s.value for s in JobState if not s.is_terminal]
+        if states:
+            query = query.where(Job.state.in_(states))
+        if user:
+            query = query.where(Job.user == user)
+        if backend:
+            query = query.where(Job.backend == backend)
+        if name:
+            pattern = name.replace("*", "%").replace("?", "_")
+            query = query.where(Job.name.like(pattern if ("*" in name or "?" in name) else f"%{pattern}%"))
+        if limit is not None:
+            query = query.limit(limit)
+        return self.read(lambda s: list(s.execute(query).scalars()))
+
+    def events(self, job_id: int) -> list[JobEvent]:
+        query = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+        return self.read(lambda s: list(s.execute(query).scalars()))
+
+    def attempts(self, job_id: int) -> list[Attempt]:
+        query = select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.attempt)
+        return self.read(lambda s: list(s.execute(query).scalars()))
+
+    def attempt(self, job_id: int, attempt: int) -> Attempt | None:
+        query = select(Attempt).where(Attempt.job_id == job_id, Attempt.attempt == attempt)
+        return self.read(lambda s: s.execute(query).scalar_one_or_none())
+
+    def queued(self, backend: str, host: str | None = None) -> list[QueuedJob]:
+        """Queued jobs in scheduling order: highest priority first, then submission order."""
+        query = (
+            select(Job.id, Job.priority, Job.cpus, Job.gpus, Job.mem_mib)
+            .where(Job.state == JobState.QUEUED.value, Job.backend == backend, Job.cancel_requested.is_(False))
+            .order_by(Job.priority.desc(), Job.id)
+        )
+        if host is not None:
+            query = query.where(Job.submit_host == host)
+        with self.engine.connect() as connection:
+            return [QueuedJob(*row) for row in connection.execute(query)]
+
+    # -- changing -----------------------------------------------------------------------------------------------
+    def apply(
+        self,
+        job_id: int,
+        source: str,
+        message: str,
+        state: JobState | None = None,
+        *,
+        fields: Mapping[str, Any] | None = None,
+        expect_attempt: int | None = None,
+        expect_state: JobState | None = None,
+        attempt_fields: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Move a job to `state` (if allowed) and set `fields`; returns True when the state changed.
+
+        Nothing changes when the job is terminal, when it is on another attempt than `expect_attempt`, when it
+        is not in `expect_state`, or when `state` would move it backwards (a stale observation).
+        `attempt_fields` update the current attempt's row along with the job.
+        """
+
+        def change(session: Session) -> bool:
+            job = session.get(Job, job_id, with_for_update=True)
+            if job is None:
+                raise JobNotFoundError(f"no job {job_id} in {self.url}")
+            current = JobState(job.state)
+            if current.is_terminal:
+                return False
+            if expect_attempt is not None and job.attempt != expect_attempt:
+                return False
+            if expect_state is not None and current != expect_state:
+                return False
+            changed = False
+            now = utcnow()
+            if state is not None and state != current:
+                if not may_transition(current, state):
+                    return False
+                job.state = state.value
+                changed = True
+                session.add(_event(job.id, job.attempt, current.value, state.value, source=source, message=message))
+                if state in (JobState.RUNNING, JobState.STARTING) and job.started_at is None:
+                    job.started_at = now
+                if state.is_terminal and job.ended_at is None:
+                    job.ended_at = now
+            for key, value in (fields or {}).items():
+                setattr(job, key, value)
+            job.updated_at = now
+            if attempt_fields:
+                _upsert_attempt(session, job, attempt_fields)
+            return changed
+
+        return self.write(change)
+
+    def requeue_for_retry(
+        self, job_id: int, expect_attempt: int, source: str, message: str, attempt_fields: Mapping[str, Any]
+    ) -> bool:
+        """A failed attempt with retries left: close its attempt row and queue the next attempt."""
+
+        def change(session: Session) -> bool:
+            job = session.get(Job, job_id, with_for_update=True)
+            if job is None or JobState(job.state).is_terminal or job.attempt != expect_attempt:
+                return False
+            _upsert_attempt(session, job, attempt_fields)
+            session.add(
+                _event(job.id, job.attempt + 1, job.state, JobState.QUEUED.value, source=source, message=message)
+            )
+            job.state = JobState.QUEUED.value
+            job.attempt += 1
+            job.started_at = None
+            job.exit_code = None
+            job.updated_at = utcnow()
+            return True
+
+        return self.write(change)
+
+    def record_attempt(self, job_id: int, fields: Mapping[str, Any]) -> None:
+        """Create or update the current attempt's row."""
+
+        def change(session: Session) -> None:
+            job = session.get(Job, job_id)
+            if job is None:
+                raise JobNotFoundError(f"no job {job_id} in {self.url}")
+            _upsert_attempt(session, job, fields)
+
+        self.write(change)
+
+    def claim(self, job_id: int, source: str) -> bool:
+        """QUEUED → STARTING, unless someone else claimed or cancelled it first."""
+
+        def change(session: Session) -> bool:
+            result = session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.state == JobState.QUEUED.value, Job.cancel_requested.is_(False))
+                .values(state=JobState.STARTING.value, updated_at=utcnow())
+            )
+            if result.rowcount != 1:  # type: ignore[attr-defined]  # CursorResult of an UPDATE has rowcount
+                return False
+            attempt = session.execute(select(Job.attempt).where(Job.id == job_id)).scalar_one()
+            session.add(
+                _event(
+                    job_id,
+                    attempt,
+                    JobState.QUEUED.value,
+                    JobState.STARTING.value,
+                    source=source,
+                    message="resources granted",
+                )
+            )
+            return True
+
+        return self.write(change)
+
+    def request_cancel(self, job_id: int, source: str) -> JobState:
+        """Mark a job for cancellation; a job no backend runs yet (PENDING, local QUEUED) ends CANCELLED at once.
+        Returns the job's state afterwards."""
+
+        def change(session: Session) -> JobState:
+            job = session.get(Job, job_id, with_for_update=True)
+            if job is None:
+                raise JobNotFoundError(f"no job {job_id} in {self.url}")
+            current = JobState(job.state)
+            if current.is_terminal:
+                return current
+            job.cancel_requested = True
+            job.updated_at = utcnow()
+            not_started = current == JobState.PENDING or (current == JobState.QUEUED and job.backend == "local")
+            if not_started:
+                job.state = JobState.CANCELLED.value
+                job.ended_at = job.updated_at
+                job.raw_state = "CANCELLED"
+                session.add(
+                    _event(
+                        job.id, job.attempt, current.value, job.state, source=source, message="cancelled before it ran"
+                    )
+                )
+                return JobState.CANCELLED
+            return current
+
+        return self.write(change)
+
+    def cancel_requested_among(self, job_ids: Sequence[int]) -> list[int]:
+        query = select(Job.id).where(Job.id.in_(list(job_ids)), Job.cancel_requested.is_(True))
+        with self.engine.connect() as connection:
+            return [row[0] for row in connection.execute(query)]
+
+    def unclaim(self, job_id: int, source: str, message: str) -> bool:
+        """STARTING → QUEUED for a job whose process never started (its daemon died in between)."""
+
+        def change(session: Session) -> bool:
+            result = session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.state == JobState.STARTING.value)
+                .values(state=JobState.QUEUED.value, updated_at=utcnow())
+            )
+            if result.rowcount != 1:  # type: ignore[attr-defined]  # CursorResult of an UPDATE has rowcount
+                return False
+            attempt = session.execute(select(Job.attempt).where(Job.id == job_id)).scalar_one()
+            session.add(
+                _event(job_id, attempt, JobState.STARTING.value, JobState.QUEUED.value, source=source, message=message)
+            )
+            return True
+
+        return self.write(change)
+
+    def live_jobs(self, backends: Sequence[str]) -> list[Job]:
+        query = select(Job).where(
+            Job.backend.in_(list(backends)), Job.state.in_([s.value for s in JobState if not s.is_terminal])
+        )
+        return self.read(lambda s: list(s.execute(query).scalars()))
+
+
+def _event(job_id: int, attempt: int, from_state: str | None, to_state: str, *, source: str, message: str) -> JobEvent:
+    return JobEvent(
+        job_id=job_id,
+        at=utcnow(),
+        attempt=attempt,
+        from_state=from_state,
+        to_state=to_state,
+        source=source,
+        message=message,
+    )
+
+
+def _upsert_attempt(session: Session, job: Job, fields: Mapping[str, Any]) -> None:
+    row = session.execute(
+        select(Attempt).where(Attempt.job_id == job.id, Attempt.attempt == job.attempt)
+    ).scalar_one_or_none()
+    if row is None:
+        row = Attempt(job_id=job.id, attempt=job.attempt, state=fields.get("state", job.state))
+        session.add(row)
+    for key, value in fields.items():
+        setattr(row, key, value)
+
+
+def iso(value: datetime | None) -> str | None:
+    """UTC timestamps in the job record: ISO 8601 with a 'Z'."""
+    return None if value is None else value.isoformat().replace("+00:00", "Z")
