@@ -1,11 +1,102 @@
-"""Command line of deeptrace."""
+"""Command line of deeptrace. Heavy modules (numpy, matplotlib) are imported inside commands: --help stays fast."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import click
 
 from deeptrace import __version__
 
+EXIT_RULE_MET = 1
+EXIT_BAD_INPUT = 2
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="deeptrace")
 def main() -> None:
-    """deeptrace."""
+    """deeptrace: where a distributed training run spends its time, who it waits for, where it hangs."""
+
+
+def _fail(message: str) -> None:
+    click.echo(f"deeptrace: error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print report.json to stdout instead of the terminal report.")
+@click.option("--merge", is_flag=True, help="Also write merged_trace.json: all ranks in one Perfetto trace.")
+@click.option("--fail-on", "fail_on", default="", metavar="RULES",
+              help="Exit 1 when a rule is met, e.g. 'overlap<50,straggler,hang' (see docs/deeptrace.md).")  # fmt: skip
+@click.option("--output", "-o", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Folder for the report files (default RUN_DIR/deeptrace).")  # fmt: skip
+@click.option("--classify", "classify_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="TOML file of kernel-name patterns (keys comm, memory, sync, compute, suspect_comm).")  # fmt: skip
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Parallel processes (default: CPUs).")
+@click.option("--no-clock-sync", is_flag=True, help="Do not correct clock offsets estimated from collectives.")
+@click.option("--no-png", is_flag=True, help="Skip summary.png.")
+def analyze(
+    *,
+    run_dir: Path,
+    as_json: bool,
+    merge: bool,
+    fail_on: str,
+    output: Path | None,
+    classify_file: Path | None,
+    jobs: int | None,
+    no_clock_sync: bool,
+    no_png: bool,
+) -> None:
+    """Analyse RUN_DIR: an xtrain run directory or a folder of PyTorch profiler (Kineto) traces.
+
+    Writes report.json, report.md and summary.png into RUN_DIR/deeptrace (or --output DIR) and prints the report.
+    """
+    from deeptrace.analysis.inputs import NoInputError  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+    from deeptrace.analysis.run import analyse_run  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+    from deeptrace.classify import ClassifyConfig, load_classify_config  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+    from deeptrace.report.outputs import OutputDirError, output_dir, report_json_bytes, write_outputs  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+    from deeptrace.report.rules import parse_rules  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+    from deeptrace.report.schema import build_report  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+
+    try:
+        rules = parse_rules(fail_on)
+        classify = load_classify_config(classify_file) if classify_file else ClassifyConfig()
+    except ValueError as err:
+        _fail(str(err))
+    try:
+        analysis = analyse_run(
+            run_dir,
+            classify=classify,
+            jobs=jobs,
+            keep_rows=merge,
+            clock_sync=not no_clock_sync,
+            warn=lambda message: click.echo(f"deeptrace: warning: {message}", err=True),
+        )
+    except NoInputError as err:
+        _fail(str(err))
+    if not analysis.ranks and analysis.hang is None:
+        _fail(f"{run_dir}: no trace could be analysed (see the warnings above)")
+    report = build_report(analysis)
+    try:
+        folder = output_dir(run_dir, output)
+        written = write_outputs(report, analysis, folder, merge=merge, png=not no_png)
+    except OutputDirError as err:
+        _fail(str(err))
+    if as_json:
+        sys.stdout.buffer.write(report_json_bytes(report))
+        sys.stdout.flush()
+    else:
+        from rich.console import Console  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+
+        from deeptrace.report.terminal import render_terminal  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+
+        console = Console()
+        render_terminal(report, console)
+        console.print("Written: " + ", ".join(str(p) for p in written.values()))
+    met = [reason for rule in rules if (reason := rule.met(report)) is not None]
+    for reason in met:
+        click.echo(f"deeptrace: --fail-on {reason}", err=True)
+    if met:
+        sys.exit(EXIT_RULE_MET)

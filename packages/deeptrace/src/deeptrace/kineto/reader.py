@@ -1,0 +1,198 @@
+"""PyTorch profiler (Kineto) trace → RankTable, in one streaming pass that keeps only what the analyses need.
+
+Kept per GPU event (kernel, memcpy, memset, sync): start, end, category, stream, name, correlation id, and the
+NCCL metadata Kineto copies into the kernel's args (process group, sequence number). Kept per CPU launch
+(cuda_runtime / cuda_driver events): correlation id and time. Kept per `ProfilerStep#N`: its window. Everything
+else (CPU operators, python functions, flows) is decoded and dropped at once.
+
+Steps are mapped to GPU time as HTA does: a kernel belongs to the ProfilerStep whose CPU window contains the CPU
+call that launched it (found through the correlation id), not to the step its GPU time falls in.
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from deeptrace.analysis.intervals import I64
+from deeptrace.analysis.table import CODE, NO_STEP, RankTable, _Interner
+from deeptrace.classify import GPU_EVENT_CATEGORIES, KernelClassifier
+from deeptrace.errors import TraceInputError
+from deeptrace.kineto.stream import TraceEventStream
+from deeptrace.spans import Category
+
+KINETO_MARKERS = ("schemaVersion", "distributedInfo", "deviceProperties")
+LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+_STEP_NAME = re.compile(r"ProfilerStep\s*#\s*(\d+)")
+_RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
+
+
+def _ns(us: Any) -> int:
+    """Kineto times are microseconds (int, or float with ns digits)."""
+    ns: int = round(us * 1000)
+    return ns
+
+
+def rank_from_file_name(path: Path) -> int | None:
+    found = _RANK_IN_NAME.search(path.name)
+    return int(found.group(1)) if found else None
+
+
+class _Collected:
+    """What one pass over the events keeps, in compact arrays."""
+
+    def __init__(self, classifier: KernelClassifier) -> None:
+        self.classifier = classifier
+        self.start, self.end, self.correlation, self.seq = array("q"), array("q"), array("q"), array("q")
+        self.category = array("b")
+        self.track, self.name, self.group = array("i"), array("i"), array("i")
+        self.names, self.tracks, self.groups = _Interner(), _Interner(), _Interner()
+        self.launch_corr, self.launch_ts = array("q"), array("q")
+        self.steps: list[tuple[int, int, int]] = []  # (step number, start ns, end ns) of ProfilerStep CPU spans
+        self.unclassified: Counter[str] = Counter()
+
+    def add(self, event: dict[str, Any]) -> None:
+        cat = event.get("cat")
+        if cat in GPU_EVENT_CATEGORIES:
+            self._add_gpu(event, cat)
+        elif cat in LAUNCH_CATEGORIES:
+            correlation = (event.get("args") or {}).get("correlation")
+            if isinstance(correlation, int):
+                self.launch_corr.append(correlation)
+                self.launch_ts.append(_ns(event["ts"]))
+        elif cat != "gpu_user_annotation":
+            name = event.get("name")
+            if isinstance(name, str) and name.startswith("ProfilerStep"):
+                found = _STEP_NAME.match(name)
+                if found:
+                    start = _ns(event["ts"])
+                    self.steps.append((int(found.group(1)), start, start + _ns(event.get("dur", 0))))
+
+    def _add_gpu(self, event: dict[str, Any], cat: str) -> None:
+        args = event.get("args") or {}
+        name = str(event.get("name", ""))
+        start = _ns(event["ts"])
+        category = self.classifier.classify(name, cat)
+        if category is Category.OTHER:
+            self.unclassified[name] += 1
+        self.start.append(start)
+        self.end.append(start + _ns(event.get("dur", 0)))
+        self.category.append(CODE[category])
+        self.track.append(self.tracks(f"gpu {args.get('device', '?')} stream {args.get('stream', '?')}"))
+        self.name.append(self.names(name))
+        self.correlation.append(int(args.get("correlation", -1)))
+        if category is Category.COMM:
+            group = args.get("Process Group Name")
+            self.group.append(self.groups(f"pg {group}" if group is not None else f"stream {args.get('stream')}"))
+            seq = args.get("Seq", args.get("seq"))
+            self.seq.append(int(seq) if isinstance(seq, int | str) and str(seq).isdigit() else -1)
+        else:
+            self.group.append(-1)
+            self.seq.append(-1)
+
+
+def read_kineto(path: Path, classifier: KernelClassifier | None = None) -> RankTable:
+    """Parse one Kineto trace (.json or .json.gz). Raises TraceInputError for anything that is not one."""
+    stream = TraceEventStream(path)
+    kept = _Collected(classifier or KernelClassifier())
+    try:
+        for event in stream.events():
+            if type(event) is dict and event.get("ph") == "X":
+                kept.add(event)
+    except (KeyError, TypeError, ValueError) as err:
+        if isinstance(err, TraceInputError):
+            raise
+        raise TraceInputError(
+            path, f"event {stream.events_read + 1} of traceEvents lacks a valid {err} (not a Kineto trace?)"
+        ) from None
+    meta = stream.metadata
+    if not stream.has_trace_events:
+        raise TraceInputError(path, "not a trace: the JSON document has no traceEvents array")
+    if not any(marker in meta for marker in KINETO_MARKERS):
+        raise TraceInputError(
+            path,
+            "a Chrome trace without Kineto's markers (schemaVersion, distributedInfo, deviceProperties): not a"
+            " PyTorch profiler trace; skipped",
+        )
+    warnings: list[str] = []
+    info = meta.get("distributedInfo")
+    info = info if isinstance(info, dict) else {}
+    rank = info.get("rank") if isinstance(info.get("rank"), int) else None
+    if rank is None:
+        rank = rank_from_file_name(path)
+        if rank is None:
+            raise TraceInputError(path, "no distributedInfo.rank and no rank-N in the file name: cannot tell the rank")
+        warnings.append(f"{path}: no distributedInfo.rank in the trace; rank {rank} taken from the file name")
+    world_size = info.get("world_size") if isinstance(info.get("world_size"), int) else None
+    base_ns = meta.get("baseTimeNanoseconds")
+    table = _build_table(path, rank, kept, offset=int(base_ns) if isinstance(base_ns, int) else 0)
+    table.world_size = world_size
+    table.warnings = warnings + table.warnings
+    return table
+
+
+def _build_table(path: Path, rank: int, kept: _Collected, offset: int) -> RankTable:
+    warnings: list[str] = []
+    correlation = np.frombuffer(kept.correlation, dtype=np.int64)
+    launched_at = _launch_times(
+        correlation, np.frombuffer(kept.launch_corr, np.int64), np.frombuffer(kept.launch_ts, np.int64)
+    )
+    has_launch = launched_at != np.iinfo(np.int64).min
+    step = np.full(correlation.size, NO_STEP, dtype=np.int64)
+    steps = sorted(kept.steps, key=lambda s: s[1])
+    if steps:
+        starts = np.array([s[1] for s in steps], np.int64)
+        ends = np.array([s[2] for s in steps], np.int64)
+        numbers = np.array([s[0] for s in steps], np.int64)
+        idx = np.searchsorted(starts, launched_at, side="right") - 1
+        inside = has_launch & (idx >= 0) & (launched_at < ends[np.maximum(idx, 0)])
+        step[inside] = numbers[idx[inside]]
+    if len(steps) >= 2:
+        # HTA's window: kernels launched before the last ProfilerStep began (the profiler stops inside it).
+        in_window = has_launch & (launched_at < steps[-1][1])
+        last = steps[-1][0]
+        complete = sorted({int(s) for s in np.unique(step[in_window]) if s not in (NO_STEP, last)})
+    else:
+        in_window = np.ones(correlation.size, dtype=bool)
+        complete = [steps[0][0]] if steps else []
+        if not steps:
+            warnings.append(f"{path}: no ProfilerStep#N spans: the whole trace is analysed as one step")
+    return RankTable(
+        rank=rank,
+        source="kineto",
+        path=str(path),
+        start_ns=np.frombuffer(kept.start, np.int64) + offset,
+        end_ns=np.frombuffer(kept.end, np.int64) + offset,
+        category=np.frombuffer(kept.category, np.int8).copy(),
+        track=np.frombuffer(kept.track, np.int32).copy(),
+        name_id=np.frombuffer(kept.name, np.int32).copy(),
+        step=step,
+        group_id=np.frombuffer(kept.group, np.int32).copy(),
+        seq=np.frombuffer(kept.seq, np.int64).copy(),
+        in_window=in_window,
+        tracks=kept.tracks.values,
+        names=kept.names.values,
+        groups=kept.groups.values,
+        complete_steps=complete,
+        unclassified=kept.unclassified,
+        warnings=warnings,
+    )
+
+
+def _launch_times(correlation: I64, launch_corr: I64, launch_ts: I64) -> I64:
+    """For each GPU event, the time of the CPU call that launched it (int64 min when none is in the trace)."""
+    missing = np.iinfo(np.int64).min
+    out = np.full(correlation.size, missing, dtype=np.int64)
+    if launch_corr.size == 0 or correlation.size == 0:
+        return out
+    order = np.argsort(launch_corr, kind="stable")
+    keys = launch_corr[order]
+    pos = np.clip(np.searchsorted(keys, correlation), 0, keys.size - 1)
+    found = (keys[pos] == correlation) & (correlation >= 0)
+    out[found] = launch_ts[order][pos[found]]
+    return out

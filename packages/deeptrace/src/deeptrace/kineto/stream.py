@@ -1,0 +1,167 @@
+"""Streaming reader of one Chrome-trace JSON document: yields the events of `traceEvents` one at a time.
+
+Memory stays bounded by the chunk size and the largest single event, whatever the file size: the document is read
+in chunks (through gzip when the name ends in .gz), the top-level object is walked key by key, and each element of
+the `traceEvents` array is decoded on its own with the C scanner of the standard `json` module
+(`JSONDecoder.raw_decode`). Top-level keys other than `traceEvents` (Kineto's metadata: schemaVersion,
+distributedInfo, deviceProperties, baseTimeNanoseconds, ...) are small and are kept in `metadata`, in whichever
+order they come.
+
+Every problem (not JSON, truncated file, not a trace) becomes one TraceInputError naming the file and line.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from deeptrace.errors import TraceInputError
+
+CHUNK_CHARS = 1 << 20
+# An event bigger than this is not an event: stop reading instead of buffering the rest of the file.
+MAX_VALUE_CHARS = 64 << 20
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+def open_binary(path: Path) -> BinaryIO:
+    """The file's bytes, decompressed when it is gzip (by name or by magic number)."""
+    raw = path.open("rb")
+    magic = raw.read(2)
+    raw.seek(0)
+    if magic == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]  # GzipFile is a BinaryIO
+    return raw
+
+
+class TraceEventStream:
+    """Iterate `events()` once; afterwards `metadata` holds every other top-level key of the document."""
+
+    def __init__(self, path: Path, chunk_chars: int = CHUNK_CHARS) -> None:
+        self.path = path
+        self.metadata: dict[str, Any] = {}
+        self.has_trace_events = False
+        self.events_read = 0
+        self._chunk = chunk_chars
+        self._buf = ""
+        self._pos = 0
+        self._eof = False
+        self._lines_before = 0  # newlines in the part of the document already dropped from the buffer
+        self._text: io.TextIOWrapper | None = None
+
+    # --- buffer management -------------------------------------------------------------------------------------
+    def _fill(self) -> bool:
+        """Append one chunk to the buffer; False at the end of the file."""
+        if self._eof or self._text is None:
+            return False
+        try:
+            data = self._text.read(self._chunk)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as err:
+            raise self._error(f"truncated or corrupt gzip data after {self.events_read} events ({err})") from None
+        except UnicodeDecodeError:
+            raise self._error("not UTF-8 text (is this a trace file?)") from None
+        except OSError as err:
+            raise self._error(f"cannot read ({err})") from None
+        if not data:
+            self._eof = True
+            return False
+        if self._pos > len(self._buf) // 2:
+            self._lines_before += self._buf.count("\n", 0, self._pos)
+            self._buf = self._buf[self._pos :]
+            self._pos = 0
+        self._buf += data
+        return True
+
+    def _error(self, problem: str, pos: int | None = None) -> TraceInputError:
+        line = None if pos is None else self._lines_before + self._buf.count("\n", 0, pos) + 1
+        return TraceInputError(self.path, problem, line)
+
+    def _peek(self) -> str:
+        """Skip whitespace and return the next character ('' at the end of the file)."""
+        while True:
+            self._pos = _WHITESPACE.match(self._buf, self._pos).end()  # type: ignore[union-attr]  # always matches
+            if self._pos < len(self._buf):
+                return self._buf[self._pos]
+            if not self._fill():
+                return ""
+
+    def _expect(self, allowed: str, what: str) -> str:
+        char = self._peek()
+        if char == "" or char not in allowed:
+            if char == "":
+                raise self._error(f"the file ends early, expected {what} (truncated?)", self._pos)
+            raise self._error(f"invalid JSON: expected {what}, found {char!r}", self._pos)
+        self._pos += 1
+        return char
+
+    def _value(self) -> Any:
+        """Decode one JSON value at the current position, reading more of the file while it is incomplete."""
+        self._peek()
+        last_failure: tuple[int, str] | None = None
+        while True:
+            try:
+                value, end = _DECODER.raw_decode(self._buf, self._pos)
+            except json.JSONDecodeError as err:
+                at_buffer_end = err.pos >= len(self._buf) - 1 or err.msg.startswith("Unterminated string")
+                same_again = last_failure == (err.pos - self._pos, err.msg)
+                if (not at_buffer_end and same_again) or len(self._buf) - self._pos > MAX_VALUE_CHARS:
+                    raise self._error(f"invalid JSON: {err.msg}", err.pos) from None
+                last_failure = (err.pos - self._pos, err.msg)
+                start = self._pos
+                if not self._fill():
+                    if at_buffer_end:
+                        raise self._error(
+                            f"the file ends inside a JSON value after {self.events_read} events (truncated?)",
+                            start,
+                        ) from None
+                    raise self._error(f"invalid JSON: {err.msg}", err.pos) from None
+                continue
+            if end >= len(self._buf) and not self._eof and self._fill():
+                continue  # a number cut at the chunk boundary decodes, wrongly, as a shorter number
+            self._pos = end
+            return value
+
+    # --- the document ------------------------------------------------------------------------------------------
+    def events(self) -> Iterator[Any]:
+        with open_binary(self.path) as binary:
+            self._text = io.TextIOWrapper(binary, encoding="utf-8")
+            first = self._peek()
+            if first == "":
+                raise TraceInputError(self.path, "empty file")
+            if first != "{":
+                raise self._error("not a trace: the document is not a JSON object with traceEvents", self._pos)
+            self._pos += 1
+            if self._peek() == "}":
+                self._pos += 1
+            else:
+                while True:
+                    if self._peek() != '"':
+                        raise self._error("invalid JSON: expected a key", self._pos)
+                    key = self._value()
+                    self._expect(":", "':'")
+                    if key == "traceEvents" and self._peek() == "[":
+                        self.has_trace_events = True
+                        yield from self._array_elements()
+                    else:
+                        self.metadata[key] = self._value()
+                    if self._expect(",}", "',' or '}'") == "}":
+                        break
+            if self._peek() != "":
+                raise self._error("invalid JSON: extra data after the end of the document", self._pos)
+
+    def _array_elements(self) -> Iterator[Any]:
+        self._pos += 1  # the '['
+        if self._peek() == "]":
+            self._pos += 1
+            return
+        while True:
+            yield self._value()
+            self.events_read += 1
+            if self._expect(",]", "',' or ']' in traceEvents") == "]":
+                return

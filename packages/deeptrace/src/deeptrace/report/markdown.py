@@ -1,0 +1,72 @@
+"""report.md: the same content as the terminal report, as Markdown tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _f(value: float | None, suffix: str = "") -> str:
+    return "—" if value is None else f"{value:,.2f}{suffix}"
+
+
+def render_markdown(report: dict[str, Any], png_name: str | None = None) -> str:
+    lines = [
+        f"# deeptrace report: {report['run_dir']}",
+        "",
+        f"Schema {report['schema']} v{report['schema_version']}, deeptrace {report['deeptrace_version']},"
+        f" created {report['created']}.",
+        "",
+    ]
+    if png_name:
+        lines += [f"![summary]({png_name})", ""]
+    lines += [
+        "## Per rank (analysis window, ms)",
+        "",
+        "| rank | source | overlap | exposed comm / step | compute | comm | exposed comm | memory | idle | window |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for rank, r in report["ranks"].items():
+        b = r["breakdown"]
+        lines.append(
+            f"| {rank} | {r['source']} | {_f(r['overlap_pct'], '%')} | {_f(r['exposed_comm_ms_per_step'])} |"
+            f" {_f(b['compute_ms'])} | {_f(b['comm_ms'])} | {_f(b['exposed_comm_ms'])} | {_f(b['memory_ms'])} |"
+            f" {_f(b['idle_ms'])} | {_f(b['window_ms'])} |"
+        )
+    lines += [
+        "",
+        "## Per rank and step (ms)",
+        "",
+        "| rank | step | window | compute | exposed comm | memory | idle | overlap |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for rank, r in report["ranks"].items():
+        for s in r["steps"]:
+            lines.append(
+                f"| {rank} | {s['step'] if s['step'] is not None else '—'} | {_f(s['window_ms'])} |"
+                f" {_f(s['compute_ms'])} | {_f(s['exposed_comm_ms'])} | {_f(s['memory_ms'])} | {_f(s['idle_ms'])} |"
+                f" {_f(s['overlap_pct'], '%')} |"
+            )
+    coll = report["collectives"]
+    lines += ["", "## Collectives and stragglers", ""]
+    if coll["matched"]:
+        sk = coll["skew_ms"]
+        lines += [
+            f"{coll['matched']} collectives matched; arrival skew median {_f(sk['median'])} ms,"
+            f" p95 {_f(sk['p95'])} ms, max {_f(sk['max'])} ms.",
+            "",
+            "| rank | matched | arrived last | others waited for it (ms) | it waited (ms) | clock offset (ms) |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
+        for rank, r in report["ranks"].items():
+            c = r["collectives"]
+            lines.append(
+                f"| {rank} | {c['matched']} | {c['arrived_last']} | {_f(c['caused_wait_ms'])} | {_f(c['waited_ms'])}"
+                f" | {_f(r['clock_offset_ms'])} |"
+            )
+        lines.append("")
+    s = report["stragglers"]
+    lines += [f"**Straggler verdict: {s['verdict']}.** {s['explanation']}", ""]
+    lines += ["## Hang", "", "No hang diagnosed." if report["hang"] is None else f"```\n{report['hang']}\n```", ""]
+    lines += ["## Warnings", ""]
+    lines += [f"- {w}" for w in report["warnings"]] or ["None."]
+    return "\n".join(lines) + "\n"

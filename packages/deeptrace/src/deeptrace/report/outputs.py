@@ -1,0 +1,63 @@
+"""Where the report files go, and writing them all: report.json, report.md, summary.png, merged_trace.json."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from deeptrace.analysis.run import RunAnalysis
+from deeptrace.rundir import layout
+
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+SUMMARY_PNG = "summary.png"
+MERGED_TRACE = "merged_trace.json"
+
+
+class OutputDirError(ValueError):
+    """The output folder cannot be written."""
+
+
+def output_dir(run_dir: Path, output: Path | None) -> Path:
+    """The folder for the report files (RUN_DIR/deeptrace unless --output), created and checked writable."""
+    target = output if output is not None else layout.report_dir(run_dir)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        probe = target / f".deeptrace-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        hint = "choose another folder with --output DIR" if output is not None else "pass --output DIR"
+        raise OutputDirError(
+            f"{target}: cannot write the report here ({err.strerror or err}); {hint}"
+            + ("" if output is not None else " (the run directory may be read-only)")
+        ) from None
+    return target
+
+
+def report_json_bytes(report: dict[str, Any]) -> bytes:
+    return orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n"
+
+
+def write_outputs(
+    report: dict[str, Any], analysis: RunAnalysis, folder: Path, *, merge: bool, png: bool = True
+) -> dict[str, Path]:
+    from deeptrace.report.markdown import render_markdown  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+
+    written = {"json": folder / REPORT_JSON, "md": folder / REPORT_MD}
+    if png and analysis.ranks:
+        from deeptrace.report.png import write_png  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+
+        written["png"] = folder / SUMMARY_PNG
+        write_png(report, analysis, written["png"])
+    written["json"].write_bytes(report_json_bytes(report))
+    written["md"].write_text(render_markdown(report, SUMMARY_PNG if "png" in written else None), encoding="utf-8")
+    if merge:
+        from deeptrace.report.merge import write_merged_trace  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+
+        written["merged"] = folder / MERGED_TRACE
+        write_merged_trace(analysis.ranks, analysis.offsets_ns, written["merged"])
+    return written

@@ -1,0 +1,86 @@
+"""The readable terminal report (rich), made from report.json alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.2f}"
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}%"
+
+
+def render_terminal(report: dict[str, Any], console: Console) -> None:
+    ranks = report["ranks"]
+    console.print(f"[bold]deeptrace[/bold] {report['run_dir']}  ({len(ranks)} ranks analysed)")
+    table = Table(title="Per rank: analysis window (times in ms)", title_justify="left")
+    for header in ("rank", "overlap", "exposed/step", "compute", "comm", "exposed", "memory", "idle", "window",
+                   "offset"):  # fmt: skip
+        table.add_column(header, justify="right")
+    for rank, r in ranks.items():
+        b = r["breakdown"]
+        table.add_row(
+            rank,
+            _pct(r["overlap_pct"]),
+            _ms(r["exposed_comm_ms_per_step"]),
+            _ms(b["compute_ms"]),
+            _ms(b["comm_ms"]),
+            _ms(b["exposed_comm_ms"]),
+            _ms(b["memory_ms"]),
+            _ms(b["idle_ms"]),
+            _ms(b["window_ms"]),
+            _ms(r["clock_offset_ms"]),
+        )
+    console.print(table)
+
+    steps = Table(title="Per rank and step (ms)", title_justify="left")
+    for header in ("rank", "step", "window", "compute", "exposed comm", "memory", "idle", "overlap"):
+        steps.add_column(header, justify="right")
+    for rank, r in ranks.items():
+        for s in r["steps"][:20]:
+            steps.add_row(
+                rank,
+                "—" if s["step"] is None else str(s["step"]),
+                _ms(s["window_ms"]),
+                _ms(s["compute_ms"]),
+                _ms(s["exposed_comm_ms"]),
+                _ms(s["memory_ms"]),
+                _ms(s["idle_ms"]),
+                _pct(s["overlap_pct"]),
+            )
+    console.print(steps)
+
+    coll = report["collectives"]
+    if coll["matched"]:
+        skew = coll["skew_ms"]
+        console.print(
+            f"[bold]Collectives[/bold]: {coll['matched']} matched across ranks "
+            f"(by sequence number: {coll['matched_by']['seq']}, by order: {coll['matched_by']['order']}); "
+            f"arrival skew median {_ms(skew['median'])} ms, p95 {_ms(skew['p95'])} ms, max {_ms(skew['max'])} ms"
+        )
+        arrivals = Table(title="Arrivals at matched collectives", title_justify="left")
+        for header in ("rank", "collectives", "arrived last", "share", "others waited for it (ms)", "it waited (ms)"):
+            arrivals.add_column(header, justify="right")
+        for rank, r in ranks.items():
+            c = r["collectives"]
+            if c["matched"]:
+                arrivals.add_row(
+                    rank, str(c["matched"]), str(c["arrived_last"]), _pct(100 * (c["last_arrival_share"] or 0)),
+                    _ms(c["caused_wait_ms"]), _ms(c["waited_ms"]),
+                )  # fmt: skip
+        console.print(arrivals)
+    s = report["stragglers"]
+    colour = {"straggler": "red", "none": "green"}.get(s["verdict"], "yellow")
+    console.print(f"[bold]Stragglers[/bold]: [{colour}]{s['verdict']}[/{colour}] — {s['explanation']}")
+    hang = report["hang"]
+    if hang is not None:
+        console.print(f"[bold red]Hang[/bold red]: {hang.get('summary', hang)}")
+    if report["warnings"]:
+        # The warnings themselves went to stderr as they arose; repeating them here would say each one twice.
+        console.print(f"[yellow]{len(report['warnings'])} warnings[/yellow] (on stderr above, and in report.json)")
