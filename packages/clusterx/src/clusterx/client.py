@@ -11,7 +11,6 @@ record the answer through the store, which ignores stale answers.
 from __future__ import annotations
 
 import getpass
-import os
 import socket
 import time
 import uuid
@@ -61,7 +60,7 @@ class Client:
     # -- submitting ---------------------------------------------------------------------------------------------
     def prepare(self, spec: JobSpec) -> JobSpec:
         """The spec as it will be stored: absolute workdir and run_dir filled in; resources checked."""
-        workdir = str(Path(spec.workdir or os.getcwd()).resolve())
+        workdir = str(Path(spec.workdir or Path.cwd()).resolve())
         run_dir = spec.run_dir or str(self.runs_dir / f"{spec.name}-{spec.submit_key[:8]}")
         spec = spec.model_copy(update={"workdir": workdir, "run_dir": str(Path(run_dir).resolve())})
         check_resources(spec)
