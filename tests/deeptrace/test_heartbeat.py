@@ -68,8 +68,12 @@ def test_thread_keeps_rewriting_while_the_training_thread_is_blocked(tmp_path: P
     with Collector(tmp_path, 0, 2, heartbeat_interval_s=0.05) as collector:
         collector.step_begin(1)
         with collector.collective("all_reduce", group="dp"):
-            first = _beat(tmp_path)
-            _wait_for(lambda: _beat(tmp_path).written_wall_s > first.written_wall_s + 0.1)
+            entered = time.time()
+
+            def rewritten_since_blocked() -> bool:
+                return _beat(tmp_path).written_wall_s > entered + 0.2
+
+            _wait_for(rewritten_since_blocked)
             blocked = _beat(tmp_path)
     # Progress stopped at the entry; the file kept being rewritten: exactly what tells a hang from a dead process.
     assert blocked.in_collective is not None and blocked.in_collective.name == "all_reduce"
