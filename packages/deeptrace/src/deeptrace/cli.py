@@ -63,7 +63,8 @@ def analyze(
     try:
         rules = parse_rules(fail_on)
         classify = load_classify_config(classify_file) if classify_file else ClassifyConfig()
-    except ValueError as err:
+        folder = output_dir(run_dir, output) if run_dir.is_dir() else None  # checked before a long analysis
+    except (ValueError, OutputDirError) as err:
         _fail(str(err))
     try:
         analysis = analyse_run(
@@ -79,11 +80,11 @@ def analyze(
     if not analysis.ranks and analysis.hang is None:
         _fail(f"{run_dir}: no trace could be analysed (see the warnings above)")
     report = build_report(analysis)
+    assert folder is not None  # run_dir was a directory, or analyse_run raised NoInputError
     try:
-        folder = output_dir(run_dir, output)
         written = write_outputs(report, analysis, folder, merge=merge, png=not no_png)
-    except OutputDirError as err:
-        _fail(str(err))
+    except OSError as err:
+        _fail(f"{folder}: cannot write the report ({err})")
     if as_json:
         sys.stdout.buffer.write(report_json_bytes(report))
         sys.stdout.flush()

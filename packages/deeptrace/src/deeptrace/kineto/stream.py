@@ -108,7 +108,8 @@ class TraceEventStream:
             try:
                 value, end = _DECODER.raw_decode(self._buf, self._pos)
             except json.JSONDecodeError as err:
-                at_buffer_end = err.pos >= len(self._buf) - 1 or err.msg.startswith("Unterminated string")
+                # An error this close to the end of the buffer may just be a value cut by the chunk boundary.
+                at_buffer_end = err.pos >= len(self._buf) - 16 or err.msg.startswith("Unterminated string")
                 same_again = last_failure == (err.pos - self._pos, err.msg)
                 if (not at_buffer_end and same_again) or len(self._buf) - self._pos > MAX_VALUE_CHARS:
                     raise self._error(f"invalid JSON: {err.msg}", err.pos) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +23,24 @@ class OutputDirError(ValueError):
 
 
 def output_dir(run_dir: Path, output: Path | None) -> Path:
-    """The folder for the report files (RUN_DIR/deeptrace unless --output), created and checked writable."""
+    """The folder for the report files (RUN_DIR/deeptrace unless --output), checked writable but not yet created."""
     target = output if output is not None else layout.report_dir(run_dir)
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-        probe = target / f".deeptrace-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        hint = "choose another folder with --output DIR" if output is not None else "pass --output DIR"
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputDirError(f"{existing}: not a directory, so the report cannot go to {target}; pass --output DIR")
+    if _marked_read_only(existing):
+        # Root may write anywhere; a folder marked read-only (like shared reference data) is still respected.
         raise OutputDirError(
-            f"{target}: cannot write the report here ({err.strerror or err}); {hint}"
-            + ("" if output is not None else " (the run directory may be read-only)")
-        ) from None
+            f"{existing} is read-only (mode {stat.filemode(existing.stat().st_mode)}): the report cannot go to"
+            f" {target}; " + ("choose another folder with --output DIR" if output is not None else "pass --output DIR")
+        )
     return target
+
+
+def _marked_read_only(folder: Path) -> bool:
+    return folder.stat().st_mode & 0o222 == 0 or not os.access(folder, os.W_OK)
 
 
 def report_json_bytes(report: dict[str, Any]) -> bytes:
@@ -47,6 +52,7 @@ def write_outputs(
 ) -> dict[str, Path]:
     from deeptrace.report.markdown import render_markdown  # noqa: PLC0415  # lazy: keeps --help and light commands fast
 
+    folder.mkdir(parents=True, exist_ok=True)
     written = {"json": folder / REPORT_JSON, "md": folder / REPORT_MD}
     if png and analysis.ranks:
         from deeptrace.report.png import write_png  # noqa: PLC0415  # lazy: keeps --help and light commands fast
