@@ -63,7 +63,7 @@ def test_concurrent_submitters_lose_and_duplicate_nothing(db_url: str, tmp_path:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for i, n in enumerate(counts)
     ]
     reported: dict[str, int] = {}
