@@ -1,0 +1,166 @@
+"""Packed variable-length causal attention, and the choice of the kernel that computes it.
+
+Shape legend: T tokens of the packed row, H query heads, K key/value heads (H is a multiple of K), d head dim.
+
+Backends, in the order ``"auto"`` prefers them:
+
+- ``flash_attn``: flash-attn's ``flash_attn_varlen_func`` (CUDA, fp16/bf16, when the package is installed).
+- ``torch_varlen``: torch's own ``torch.nn.attention.varlen.varlen_attn`` (CUDA, fp16/bf16, torch >= 2.10;
+  it has no CPU kernel).
+- ``sdpa``: ``scaled_dot_product_attention`` once per document, on any device and dtype. The CPU path, and the
+  fallback for fp32 on CUDA (the varlen kernels only take half precision).
+
+Selection is a pure function of :class:`Capabilities`, so it is tested on a CPU machine with capabilities
+injected; :func:`detect_capabilities` fills them in from the running process. A backend requested by name
+that cannot run raises :class:`~xtrain.errors.AttentionBackendError` instead of silently falling back.
+"""
+
+import functools
+import importlib
+import importlib.util
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from xtrain.errors import AttentionBackendError
+from xtrain.model.documents import PackedDocuments
+
+AttentionBackendName = Literal["auto", "flash_attn", "torch_varlen", "sdpa"]
+CONCRETE_BACKENDS: tuple[str, ...] = ("flash_attn", "torch_varlen", "sdpa")
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+AttentionFunction = Callable[[Tensor, Tensor, Tensor, PackedDocuments, float], Tensor]
+"""(q_THd, k_TKd, v_TKd, documents, scale) -> out_THd, causal within each document."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the running process can do, as far as attention kernels care."""
+
+    device_type: str
+    dtype: torch.dtype
+    flash_attn_importable: bool
+    torch_varlen_present: bool
+
+
+def detect_capabilities(device: torch.device, dtype: torch.dtype) -> Capabilities:
+    return Capabilities(
+        device_type=device.type,
+        dtype=dtype,
+        flash_attn_importable=_flash_attn_importable(),
+        torch_varlen_present=_torch_varlen_function() is not None,
+    )
+
+
+def unavailable_reason(backend: str, caps: Capabilities) -> str | None:
+    """Why ``backend`` cannot run with these capabilities, or None when it can."""
+    if backend == "sdpa":
+        return None
+    if caps.device_type != "cuda":
+        return f"it needs a CUDA device, and the model is on {caps.device_type!r}"
+    if caps.dtype not in _HALF_DTYPES:
+        return f"it needs fp16 or bf16 activations, and the model computes in {caps.dtype}"
+    if backend == "flash_attn" and not caps.flash_attn_importable:
+        return "the flash_attn package is not installed (pip install 'xtrain[cuda]')"
+    if backend == "torch_varlen" and not caps.torch_varlen_present:
+        return f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn"
+    return None
+
+
+def select_attention_backend(requested: str, caps: Capabilities) -> str:
+    """The concrete backend to use: the first available one for ``"auto"``, else the one requested."""
+    if requested not in get_args(AttentionBackendName):
+        raise AttentionBackendError(
+            f"unknown attention backend {requested!r}; choose one of {', '.join(get_args(AttentionBackendName))}"
+        )
+    if requested == "auto":
+        return next(name for name in CONCRETE_BACKENDS if unavailable_reason(name, caps) is None)
+    reason = unavailable_reason(requested, caps)
+    if reason is not None:
+        usable = [name for name in CONCRETE_BACKENDS if unavailable_reason(name, caps) is None]
+        raise AttentionBackendError(
+            f"attention backend {requested!r} was requested but cannot run: {reason}. "
+            f"Usable here: {', '.join(usable)} (or set attention_backend='auto')"
+        )
+    return requested
+
+
+def attention_function(backend: str) -> AttentionFunction:
+    functions: dict[str, AttentionFunction] = {
+        "flash_attn": _flash_attn_varlen,
+        "torch_varlen": _torch_varlen,
+        "sdpa": sdpa_per_document,
+    }
+    return functions[backend]
+
+
+def sdpa_per_document(q_THd: Tensor, k_TKd: Tensor, v_TKd: Tensor, docs: PackedDocuments, scale: float) -> Tensor:
+    """Causal SDPA on each document's slice of the row; cost and memory grow with sum(L^2), not T^2."""
+    enable_gqa = q_THd.shape[1] != k_TKd.shape[1]
+    outputs = []
+    start = 0
+    for length in docs.lengths:
+        end = start + length
+        # SDPA wants [batch, heads, L, d]; one document is a batch of one.
+        q_1HLd = q_THd[start:end].transpose(0, 1).unsqueeze(0)
+        k_1KLd = k_TKd[start:end].transpose(0, 1).unsqueeze(0)
+        v_1KLd = v_TKd[start:end].transpose(0, 1).unsqueeze(0)
+        out_1HLd = F.scaled_dot_product_attention(
+            q_1HLd, k_1KLd, v_1KLd, is_causal=True, scale=scale, enable_gqa=enable_gqa
+        )
+        outputs.append(out_1HLd.squeeze(0).transpose(0, 1))
+        start = end
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
+
+
+def _flash_attn_varlen(q_THd: Tensor, k_TKd: Tensor, v_TKd: Tensor, docs: PackedDocuments, scale: float) -> Tensor:
+    # Imported by name: an optional CUDA-only package, absent on CPU machines.
+    flash_attn = importlib.import_module("flash_attn")
+    max_len = docs.max_seqlen
+    out: Tensor = flash_attn.flash_attn_varlen_func(
+        q_THd, k_TKd, v_TKd, docs.cu_seqlens, docs.cu_seqlens, max_len, max_len, softmax_scale=scale, causal=True
+    )
+    return out
+
+
+def _torch_varlen(q_THd: Tensor, k_TKd: Tensor, v_TKd: Tensor, docs: PackedDocuments, scale: float) -> Tensor:
+    varlen_attn = _torch_varlen_function()
+    if varlen_attn is None:  # guarded by selection; kept for a clear message if called directly
+        raise AttentionBackendError(f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn")
+    params = inspect.signature(varlen_attn).parameters
+    kwargs: dict[str, Any] = {"scale": scale}
+    # torch 2.10 spells causality is_causal=True; from 2.11 it is a (left, right) window of (-1, 0).
+    if "window_size" in params:
+        kwargs["window_size"] = (-1, 0)
+    else:
+        kwargs["is_causal"] = True
+    if q_THd.shape[1] != k_TKd.shape[1]:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            repeats = q_THd.shape[1] // k_TKd.shape[1]
+            k_TKd = k_TKd.repeat_interleave(repeats, dim=1)
+            v_TKd = v_TKd.repeat_interleave(repeats, dim=1)
+    max_len = docs.max_seqlen
+    out: Tensor = varlen_attn(q_THd, k_TKd, v_TKd, docs.cu_seqlens, docs.cu_seqlens, max_len, max_len, **kwargs)
+    return out
+
+
+@functools.cache
+def _flash_attn_importable() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+@functools.cache
+def _torch_varlen_function() -> Callable[..., Tensor] | None:
+    try:
+        module = importlib.import_module("torch.nn.attention.varlen")
+    except ImportError:
+        return None
+    function: Callable[..., Tensor] | None = getattr(module, "varlen_attn", None)
+    return function

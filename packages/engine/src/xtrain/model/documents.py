@@ -1,0 +1,63 @@
+"""The documents packed into one row: boundaries, lengths and per-document positions.
+
+A batch is one row of T tokens holding several documents back to back; ``cu_seqlens`` (int32 [N+1]) gives their
+boundaries (0, end of doc 0, end of doc 1, ..., T). Attention never crosses a boundary and rotary positions
+restart at 0 in each document. The lengths are read to the host once per forward (one device sync), because
+the per-document attention path and the flash kernels both need them as Python ints.
+"""
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class PackedDocuments:
+    """Boundaries of the documents in a packed row, validated, with host-side lengths."""
+
+    cu_seqlens: Tensor
+    """int32 [N+1] on the compute device: 0, cumulative end of each document."""
+    lengths: tuple[int, ...]
+    """Length of each document (host ints, N of them)."""
+    position_ids: Tensor
+    """int64 [T] on the compute device: the position of each token inside its own document."""
+
+    @property
+    def max_seqlen(self) -> int:
+        return max(self.lengths)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lengths)
+
+    @classmethod
+    def from_cu_seqlens(cls, cu_seqlens: Tensor | None, num_tokens: int, device: torch.device) -> "PackedDocuments":
+        """Validate ``cu_seqlens`` against a row of ``num_tokens`` tokens (None means a single document)."""
+        if num_tokens <= 0:
+            raise ValueError("the packed row is empty: input_ids must hold at least one token")
+        if cu_seqlens is None:
+            lengths: tuple[int, ...] = (num_tokens,)
+            cu = torch.tensor([0, num_tokens], dtype=torch.int32, device=device)
+        else:
+            if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+                raise ValueError(
+                    f"cu_seqlens must be a 1-D int32 tensor [num_docs+1], got {cu_seqlens.dtype} "
+                    f"of shape {tuple(cu_seqlens.shape)}"
+                )
+            bounds = [int(b) for b in cu_seqlens.tolist()]
+            if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != num_tokens:
+                raise ValueError(
+                    f"cu_seqlens must start at 0 and end at the row length {num_tokens}, got {bounds[:3]}..."
+                    f"{bounds[-1:]} ({len(bounds)} entries)"
+                )
+            lengths = tuple(end - start for start, end in itertools.pairwise(bounds))
+            if min(lengths) <= 0:
+                raise ValueError(f"cu_seqlens must be strictly increasing (no empty documents), got {bounds}")
+            cu = cu_seqlens.to(device=device, dtype=torch.int32)
+        starts = torch.repeat_interleave(
+            cu[:-1].to(torch.int64), torch.tensor(lengths, device=device), output_size=num_tokens
+        )
+        position_ids = torch.arange(num_tokens, device=device, dtype=torch.int64) - starts
+        return cls(cu_seqlens=cu, lengths=lengths, position_ids=position_ids)

@@ -1,0 +1,153 @@
+"""Named model sizes and parameter counts.
+
+- ``debug``: a tiny Qwen3-MoE-shaped model for tests and the demo (runs on a laptop CPU in milliseconds).
+- ``debug-dense``: the same without experts (a Qwen3 dense model).
+- ``qwen3-30b-a3b`` and ``qwen3-235b-a22b``: the shapes of the released Qwen/Qwen3-30B-A3B and
+  Qwen/Qwen3-235B-A22B checkpoints (their config.json values), used for FLOP and memory estimates.
+
+Counts are computed from the configuration alone (no tensors); a test checks them against the parameters of a
+model built on the meta device and against the published totals.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from xtrain.errors import ConfigError
+from xtrain.model.config import ModelConfig
+from xtrain.model.moe import MoEConfig
+
+
+@dataclass(frozen=True)
+class ParameterCounts:
+    total: int
+    """Every trainable parameter."""
+    active: int
+    """Parameters one token uses: total minus the routed experts it is not sent to (embeddings included, the
+    convention of the "A3B" / "A22B" in the model names)."""
+    embedding: int
+    """The input embedding matrix (plus the output projection when it is a separate matrix)."""
+    active_matmul: int
+    """Weights of the matrix multiplications one token goes through (the N of 6·N in :mod:`xtrain.model.flops`):
+    active, minus embedding lookup, norms and biases, plus the output projection even when tied."""
+
+
+def _debug() -> ModelConfig:
+    return ModelConfig(
+        vocab_size=512,
+        hidden_size=128,
+        num_layers=4,
+        num_attention_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        intermediate_size=384,
+        rope_theta=10_000.0,
+        max_position_embeddings=4096,
+        moe=MoEConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True),
+        # Layer 0 dense, as in models that keep their first layers dense: the tests see both kinds.
+        mlp_only_layers=(0,),
+    )
+
+
+def _debug_dense() -> ModelConfig:
+    return _debug().model_copy(update={"moe": None, "mlp_only_layers": (), "tie_word_embeddings": True})
+
+
+def _qwen3_30b_a3b() -> ModelConfig:
+    # Qwen/Qwen3-30B-A3B config.json.
+    return ModelConfig(
+        vocab_size=151936,
+        hidden_size=2048,
+        num_layers=48,
+        num_attention_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        intermediate_size=6144,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+        moe=MoEConfig(
+            num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True, aux_loss_coef=0.001
+        ),
+        decoder_sparse_step=1,
+        bos_token_id=151643,
+        eos_token_id=151645,
+    )
+
+
+def _qwen3_235b_a22b() -> ModelConfig:
+    # Qwen/Qwen3-235B-A22B config.json.
+    return ModelConfig(
+        vocab_size=151936,
+        hidden_size=4096,
+        num_layers=94,
+        num_attention_heads=64,
+        num_kv_heads=4,
+        head_dim=128,
+        intermediate_size=12288,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+        moe=MoEConfig(
+            num_experts=128, num_experts_per_tok=8, moe_intermediate_size=1536, norm_topk_prob=True, aux_loss_coef=0.001
+        ),
+        decoder_sparse_step=1,
+        bos_token_id=151643,
+        eos_token_id=151645,
+    )
+
+
+MODEL_SIZES: dict[str, Callable[[], ModelConfig]] = {
+    "debug": _debug,
+    "debug-dense": _debug_dense,
+    "qwen3-30b-a3b": _qwen3_30b_a3b,
+    "qwen3-235b-a22b": _qwen3_235b_a22b,
+}
+
+
+def model_config(name: str) -> ModelConfig:
+    """The configuration of a named size (see MODEL_SIZES)."""
+    try:
+        return MODEL_SIZES[name]()
+    except KeyError:
+        raise ConfigError(f"unknown model size {name!r}; choose one of {', '.join(MODEL_SIZES)}") from None
+
+
+def count_parameters(config: ModelConfig) -> ParameterCounts:
+    d_model, vocab = config.hidden_size, config.vocab_size
+    q_width = config.num_attention_heads * config.head_dim
+    kv_width = config.num_kv_heads * config.head_dim
+    attention_matmul = d_model * q_width * 2 + d_model * kv_width * 2
+    attention_bias = (q_width + 2 * kv_width + d_model) if config.attention_bias else 0
+    per_layer_small = 2 * d_model + 2 * config.head_dim + attention_bias  # two norms, q/k norms, biases
+    dense_mlp = 3 * d_model * config.intermediate_size
+
+    total = vocab * d_model + d_model  # embedding + final norm
+    active_matmul = vocab * d_model  # output projection (tied or not)
+    if not config.tie_word_embeddings:
+        total += vocab * d_model
+    for i in range(config.num_layers):
+        total += attention_matmul + per_layer_small
+        active_matmul += attention_matmul
+        if config.is_moe_layer(i):
+            assert config.moe is not None
+            routed_total, routed_active, shared, router = _moe_parameters(d_model, config.moe)
+            total += routed_total + shared + router
+            active_matmul += routed_active + shared + router
+        else:
+            total += dense_mlp
+            active_matmul += dense_mlp
+    inactive = 0
+    if config.moe is not None:
+        routed_total, routed_active, _, _ = _moe_parameters(d_model, config.moe)
+        inactive = len(config.moe_layer_indices) * (routed_total - routed_active)
+    embedding = vocab * d_model * (1 if config.tie_word_embeddings else 2)
+    return ParameterCounts(total=total, active=total - inactive, embedding=embedding, active_matmul=active_matmul)
+
+
+def _moe_parameters(d_model: int, moe: MoEConfig) -> tuple[int, int, int, int]:
+    """(routed experts total, routed experts active per token, shared experts, router) of one MoE layer."""
+    per_expert = 3 * d_model * moe.moe_intermediate_size
+    shared = 3 * d_model * moe.shared_intermediate_size
+    return moe.num_experts * per_expert, moe.num_experts_per_tok * per_expert, shared, moe.num_experts * d_model
