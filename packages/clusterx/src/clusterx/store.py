@@ -197,6 +197,17 @@ class JobStore:
 
         return self.write(change)
 
+    def note(self, job_id: int, source: str, message: str) -> None:
+        """An event that is not a state change (e.g. a restarted daemon adopting a running job)."""
+
+        def add(session: Session) -> None:
+            job = session.get(Job, job_id)
+            if job is None:
+                raise JobNotFoundError(f"no job {job_id} in {self.url}")
+            session.add(_event(job.id, job.attempt, job.state, job.state, source=source, message=message))
+
+        self.write(add)
+
     def requeue_for_retry(
         self, job_id: int, expect_attempt: int, source: str, message: str, attempt_fields: Mapping[str, Any]
     ) -> bool:

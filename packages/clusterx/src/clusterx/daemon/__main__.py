@@ -1,11 +1,13 @@
 """`python -m clusterx.daemon`: the daemon process (started by `clusterx daemon start` or by `submit`).
 
 The database URL comes from CLUSTERX_DB; CLUSTERX_DAEMON_IDLE_EXIT (seconds) makes it exit when it has had
-nothing to run for that long. Exits at once, quietly, when another daemon already serves the database.
+nothing to run for that long; CLUSTERX_DAEMON_CPUS offers that many CPU cores instead of the machine's (for jobs
+that mostly wait). Exits at once, quietly, when another daemon already serves the database.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import logging
 import os
@@ -36,7 +38,10 @@ def main() -> int:
     handle.flush()
     idle = os.environ.get("CLUSTERX_DAEMON_IDLE_EXIT")
     store = JobStore(url)
-    daemon = Daemon(store, machine_capacity(), gpu_indices(), idle_exit_s=float(idle) if idle else None)
+    capacity = machine_capacity()
+    if os.environ.get("CLUSTERX_DAEMON_CPUS"):
+        capacity = dataclasses.replace(capacity, cpus=int(os.environ["CLUSTERX_DAEMON_CPUS"]))
+    daemon = Daemon(store, capacity, gpu_indices(), idle_exit_s=float(idle) if idle else None)
     logging.getLogger("clusterx.daemon").info("serving %s with %s", path.name, daemon.capacity)
     try:
         daemon.run()

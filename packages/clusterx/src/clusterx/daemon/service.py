@@ -305,7 +305,7 @@ class Daemon:
             t.kill_reason = "cancel"
         if pid is not None and start_time is not None and same_process_alive(pid, start_time):
             self.tracked[job.id] = t
-            self.store.apply(job.id, SOURCE, f"adopted running pid {pid} after a daemon restart", JobState.RUNNING)
+            self.store.note(job.id, SOURCE, f"adopted running pid {pid} after a daemon restart")
             log.info("job %d: adopted pid %d", job.id, pid)
             return
         recorded = read_exit_file(directory)

@@ -1,0 +1,192 @@
+"""The local backend's daemon, for real: processes, signals, time limits, retries, cancellation, scheduling order,
+and surviving kill -9 of itself while jobs run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+from clusterx import Client, JobSpec
+from clusterx.daemon.control import daemon_pid, start_daemon, stop_daemon
+from clusterx.daemon.resources import Capacity
+from clusterx.daemon.scheduler import choose_jobs
+from clusterx.store import QueuedJob
+
+from tests.clusterx.conftest import wait_until
+
+pytestmark = pytest.mark.xdist_group("clusterx-daemon")  # they share two CPU cores and time limits
+
+
+@pytest.fixture
+def client(sqlite_db: str, tmp_path: Path, stop_daemons: Callable[[str], None]) -> Client:
+    stop_daemons(sqlite_db)
+    return Client(sqlite_db, runs_dir=tmp_path / "runs")
+
+
+def sh(script: str, **fields: object) -> JobSpec:
+    return JobSpec.from_mapping({"command": ["sh", "-c", script], "env": {"PATH": os.environ["PATH"]}, **fields})
+
+
+def test_job_gets_its_environment_and_log_files(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEAK_CHECK", "daemon-and-submitter-have-it")
+    record = client.submit(
+        sh('env > "$CLUSTERX_RUN_DIR/env.txt"; echo to-stdout; echo to-stderr >&2', procs_per_node=2, env={"A": "1"})
+    )
+    done = client.wait(record["id"], timeout_s=60)
+    assert done["state"] == "SUCCEEDED" and done["exit_code"] == 0
+    env = dict(line.split("=", 1) for line in Path(done["run_dir"], "env.txt").read_text().splitlines())
+    assert env["A"] == "1" and "LEAK_CHECK" not in env  # the spec's environment, not the daemon's
+    assert env["PATH"] == os.defpath  # the spec gave none
+    assert env["CLUSTERX_JOB_ID"] == str(record["id"]) and env["CLUSTERX_ATTEMPT"] == "1"
+    assert env["CLUSTERX_RUN_DIR"] == done["run_dir"]
+    assert (env["MASTER_ADDR"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["NODE_RANK"]) == (
+        "127.0.0.1",
+        "2",
+        "2",
+        "0",
+    )
+    assert 1024 <= int(env["MASTER_PORT"]) <= 65535
+    assert env["CUDA_VISIBLE_DEVICES"] == ""  # no GPU asked for: none visible
+    assert Path(done["log_paths"]["stdout"]).read_text() == "to-stdout\n"
+    assert Path(done["log_paths"]["stderr"]).read_text() == "to-stderr\n"
+    assert done["hosts"] and done["rank_to_host"] == {"0": done["hosts"][0], "1": done["hosts"][0]}
+
+
+def test_exit_status_is_recorded(client: Client) -> None:
+    done = client.wait(client.submit(sh("exit 3", env={}))["id"], timeout_s=60)
+    assert (done["state"], done["exit_code"], done["failure_reason"]) == ("FAILED", 3, "exited with status 3")
+
+
+def test_killed_job_fails_with_the_signal_named(client: Client, tmp_path: Path) -> None:
+    pid_file = tmp_path / "job.pid"
+    record = client.submit(sh(f"echo $$ > {pid_file}; sleep 60"))
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    done = client.wait(record["id"], timeout_s=60)
+    assert done["state"] == "FAILED"
+    assert done["failure_reason"] == "killed by signal 9 (SIGKILL)"
+    assert done["exit_code"] == 137
+
+
+def test_time_limit_kills_the_whole_process_group(client: Client, tmp_path: Path) -> None:
+    child_pid = tmp_path / "child.pid"
+    record = client.submit(sh(f"sleep 300 & echo $! > {child_pid}; wait", time_limit=2))
+    done = client.wait(record["id"], timeout_s=60)
+    assert done["state"] == "TIMEOUT" and "time limit of 2 s" in done["failure_reason"]
+    wait_until(lambda: not psutil.pid_exists(int(child_pid.read_text())) or _zombie(int(child_pid.read_text())))
+
+
+def test_retries_record_each_attempt_and_tell_the_job(client: Client) -> None:
+    script = 'echo "$CLUSTERX_ATTEMPT" >> "$CLUSTERX_RUN_DIR/attempts.txt"; test "$CLUSTERX_ATTEMPT" -ge 3'
+    done = client.wait(client.submit(sh(script, max_retries=3))["id"], timeout_s=60)
+    assert (done["state"], done["attempt"]) == ("SUCCEEDED", 3)
+    assert Path(done["run_dir"], "attempts.txt").read_text().split() == ["1", "2", "3"]
+    assert [(a["attempt"], a["state"], a["exit_code"]) for a in done["attempts"]] == [
+        (1, "FAILED", 1),
+        (2, "FAILED", 1),
+        (3, "SUCCEEDED", 0),
+    ]
+    states = [e["to_state"] for e in done["events"]]
+    assert states.count("RUNNING") == 3 and states[-1] == "SUCCEEDED"
+    assert states.index("SUCCEEDED") == len(states) - 1  # live between attempts; only the last end is final
+
+
+def test_cancel_running_job(client: Client, tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    record = client.submit(sh(f"touch {marker}; sleep 300"))
+    wait_until(marker.exists)
+    client.cancel([record["id"]])
+    done = client.wait(record["id"], timeout_s=60)
+    assert done["state"] == "CANCELLED"
+    pid = done["attempts"][0]["pid"]
+    wait_until(lambda: not psutil.pid_exists(pid) or _zombie(pid))
+
+
+def test_priority_then_submission_order(client: Client, sqlite_db: str, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    blocker = client.submit(sh(f"while [ ! -e {gate} ]; do sleep 0.05; done", cpus_per_node=2))
+    wait_until(lambda: client.describe(blocker["id"])["state"] == "RUNNING")
+    order_file = tmp_path / "order"
+    ids = {}
+    for name, priority in [("low-1", 0), ("high", 10), ("low-2", 0)]:
+        ids[name] = client.submit(sh(f"echo {name} >> {order_file}", name=name, priority=priority, cpus_per_node=2))[
+            "id"
+        ]
+    gate.touch()
+    for job_id in ids.values():
+        assert client.wait(job_id, timeout_s=60)["state"] == "SUCCEEDED"
+    assert order_file.read_text().split() == ["high", "low-1", "low-2"]
+
+
+def test_backfill_and_order_in_one_pass() -> None:
+    queued = [
+        QueuedJob(id=1, priority=10, cpus=8, gpus=0, mem_mib=0),  # does not fit now
+        QueuedJob(id=2, priority=5, cpus=2, gpus=1, mem_mib=1000),
+        QueuedJob(id=3, priority=5, cpus=2, gpus=1, mem_mib=1000),  # no GPU left after job 2
+        QueuedJob(id=4, priority=0, cpus=1, gpus=0, mem_mib=500),
+        QueuedJob(id=5, priority=0, cpus=1, gpus=0, mem_mib=10_000),  # not enough memory
+    ]
+    chosen = choose_jobs(queued, Capacity(cpus=4, mem_mib=4000, gpus=1))
+    assert [job.id for job in chosen] == [2, 4]
+
+
+def test_one_daemon_per_database(client: Client, sqlite_db: str) -> None:
+    url = client.url
+    first = start_daemon(url)
+    assert start_daemon(url) == first == daemon_pid(url)
+    assert stop_daemon(url) == first
+    assert daemon_pid(url) is None
+    assert stop_daemon(url) is None
+
+
+@pytest.mark.slow
+def test_daemon_killed_and_restarted_accounts_for_every_job(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLUSTERX_DAEMON_CPUS", "8")  # these jobs mostly sleep
+    url = client.url
+    go = tmp_path / "go"
+    ends_ok = client.submit(sh(f"while [ ! -e {go} ]; do sleep 0.05; done; exit 0", name="ends-ok"))
+    ends_bad = client.submit(sh(f"while [ ! -e {go} ]; do sleep 0.05; done; exit 5", name="ends-bad"))
+    survives = client.submit(sh(f"while [ ! -e {go}2 ]; do sleep 0.05; done; exit 0", name="survives"))
+    vanishes = client.submit(sh("sleep 300", name="vanishes"))
+    jobs = [ends_ok, ends_bad, survives, vanishes]
+    wait_until(lambda: all(client.describe(j["id"])["state"] == "RUNNING" for j in jobs))
+    old_daemon = daemon_pid(url)
+    assert old_daemon is not None
+    os.kill(old_daemon, signal.SIGKILL)
+    wait_until(lambda: daemon_pid(url) is None)
+    queued_meanwhile = client.store  # the database still works without the daemon
+    assert queued_meanwhile.get(ends_ok["id"]).state == "RUNNING"
+    go.touch()  # two jobs end while no daemon watches
+    for job in (ends_ok, ends_bad):
+        exit_file = Path(client.describe(job["id"])["attempts"][0]["log_dir"]) / "exit.json"
+        wait_until(exit_file.exists)
+    vanished_pid = client.describe(vanishes["id"])["attempts"][0]["pid"]
+    os.killpg(vanished_pid, signal.SIGKILL)  # job and its wrapper die without a trace
+    wait_until(lambda: not psutil.pid_exists(vanished_pid) or _zombie(vanished_pid))
+
+    new_daemon = start_daemon(url)
+    assert new_daemon != old_daemon
+    assert client.wait(ends_ok["id"], timeout_s=30)["state"] == "SUCCEEDED"
+    bad = client.wait(ends_bad["id"], timeout_s=30)
+    assert (bad["state"], bad["exit_code"]) == ("FAILED", 5)
+    lost = client.wait(vanishes["id"], timeout_s=30)
+    assert lost["state"] == "LOST" and "left no exit status" in lost["failure_reason"]
+    adopted = client.describe(survives["id"])
+    assert adopted["state"] == "RUNNING"
+    assert any("adopted" in e["message"] for e in adopted["events"])
+    Path(f"{go}2").touch()
+    assert client.wait(survives["id"], timeout_s=30)["state"] == "SUCCEEDED"
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
