@@ -1,0 +1,91 @@
+"""Hugging Face checkpoint layout of ONE layer's MoE block; the only place that knows it.
+
+Layouts (`p` = hf_prefix, e.g. "model.layers.3.mlp."):
+- router: `p + "gate.weight"` [E, D]; sigmoid router also `p + "gate.e_score_correction_bias"` [E];
+- routed experts, per expert (real Hub checkpoints, and what transformers 5.x `save_pretrained` writes):
+  `p + "experts.{e}.gate_proj.weight"` [F, D], `... .up_proj.weight` [F, D], `... .down_proj.weight` [D, F];
+- routed experts, fused (transformers 5.x's in-memory layout, which its loader also accepts):
+  `p + "experts.gate_up_proj"` [E, 2F, D], `p + "experts.down_proj"` [E, D, F];
+- shared experts (DeepSeek-V3): `p + "shared_experts.{gate,up,down}_proj.weight"`.
+
+Reading accepts both expert layouts; writing produces the per-expert one. Tensors are copied, never converted,
+so a read after a write gives back the same bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from xtrain.model.moe.config import MoEConfig
+
+_SHARED = ("gate_proj", "up_proj", "down_proj")
+
+
+def moe_hf_keys(hf_prefix: str, config: MoEConfig) -> list[str]:
+    """The checkpoint keys `moe_state_to_hf` writes for one layer (per-expert layout)."""
+    keys = [f"{hf_prefix}gate.weight"]
+    if config.router == "sigmoid_group_limited":
+        keys.append(f"{hf_prefix}gate.e_score_correction_bias")
+    for e in range(config.num_experts):
+        keys += [f"{hf_prefix}experts.{e}.{name}.weight" for name in ("gate_proj", "up_proj", "down_proj")]
+    if config.num_shared_experts > 0:
+        keys += [f"{hf_prefix}shared_experts.{name}.weight" for name in _SHARED]
+    return keys
+
+
+def moe_state_from_hf(get: Callable[[str], torch.Tensor], hf_prefix: str, config: MoEConfig) -> dict[str, torch.Tensor]:
+    """MoEBlock state dict (keys relative to the block) from one layer's checkpoint tensors.
+
+    `get(key)` returns a checkpoint tensor and raises KeyError for an absent key; the error of the first key
+    of the per-expert layout propagates when neither expert layout is present.
+    """
+    state = {"router.weight": get(f"{hf_prefix}gate.weight")}
+    if config.router == "sigmoid_group_limited":
+        state["router.e_score_correction_bias"] = get(f"{hf_prefix}gate.e_score_correction_bias")
+    try:
+        first_gate = get(f"{hf_prefix}experts.0.gate_proj.weight")
+    except KeyError:
+        try:
+            state["experts.gate_up_proj"] = get(f"{hf_prefix}experts.gate_up_proj")
+            state["experts.down_proj"] = get(f"{hf_prefix}experts.down_proj")
+        except KeyError:
+            pass
+        else:
+            return _with_shared(state, get, hf_prefix, config)
+        raise
+    gates = [first_gate] + [get(f"{hf_prefix}experts.{e}.gate_proj.weight") for e in range(1, config.num_experts)]
+    ups = [get(f"{hf_prefix}experts.{e}.up_proj.weight") for e in range(config.num_experts)]
+    downs = [get(f"{hf_prefix}experts.{e}.down_proj.weight") for e in range(config.num_experts)]
+    state["experts.gate_up_proj"] = torch.cat([torch.stack(gates), torch.stack(ups)], dim=1)
+    state["experts.down_proj"] = torch.stack(downs)
+    return _with_shared(state, get, hf_prefix, config)
+
+
+def _with_shared(
+    state: dict[str, torch.Tensor], get: Callable[[str], torch.Tensor], hf_prefix: str, config: MoEConfig
+) -> dict[str, torch.Tensor]:
+    if config.num_shared_experts > 0:
+        for name in _SHARED:
+            state[f"shared_experts.{name}.weight"] = get(f"{hf_prefix}shared_experts.{name}.weight")
+    return state
+
+
+def moe_state_to_hf(state: dict[str, torch.Tensor], hf_prefix: str, config: MoEConfig) -> dict[str, torch.Tensor]:
+    """One layer's checkpoint tensors (per-expert layout, contiguous, unshared storage) from a MoEBlock state."""
+    f = config.moe_intermediate_size
+    out = {f"{hf_prefix}gate.weight": state["router.weight"].contiguous()}
+    if config.router == "sigmoid_group_limited":
+        out[f"{hf_prefix}gate.e_score_correction_bias"] = state["router.e_score_correction_bias"].contiguous()
+    gate_up = state["experts.gate_up_proj"]
+    down = state["experts.down_proj"]
+    for e in range(config.num_experts):
+        # clone: safetensors refuses tensors that share storage with another saved tensor.
+        out[f"{hf_prefix}experts.{e}.gate_proj.weight"] = gate_up[e, :f].clone()
+        out[f"{hf_prefix}experts.{e}.up_proj.weight"] = gate_up[e, f:].clone()
+        out[f"{hf_prefix}experts.{e}.down_proj.weight"] = down[e].clone()
+    if config.num_shared_experts > 0:
+        for name in _SHARED:
+            out[f"{hf_prefix}shared_experts.{name}.weight"] = state[f"shared_experts.{name}.weight"].contiguous()
+    return out
