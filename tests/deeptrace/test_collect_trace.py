@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,13 @@ from hypothesis import strategies as st
 
 def _spans(run_dir: Path, rank: int = 0) -> list[Span]:
     return list(read_trace(layout.trace_path(run_dir, rank)))
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
 
 
 def test_spans_collectives_and_records_read_back_with_every_field(tmp_path: Path) -> None:
@@ -63,9 +71,10 @@ def test_step_end_makes_the_step_readable_while_the_collector_runs(tmp_path: Pat
     collector.step_begin(0)
     with collector.span("a", Category.COMPUTE):
         pass
+    time.sleep(0.05)
     assert _spans(tmp_path) == []  # buffered
-    collector.step_end(0)
-    assert [s.name for s in _spans(tmp_path)] == ["a", "step"]
+    collector.step_end(0)  # hands the step to the writer thread, which appends it at once
+    _wait_until(lambda: [s.name for s in _spans(tmp_path)] == ["a", "step"])
     collector.close()
 
 
@@ -73,7 +82,11 @@ def test_a_full_buffer_is_written_without_a_step_end(tmp_path: Path) -> None:
     collector = Collector(tmp_path, 0, 1, heartbeat_interval_s=None, buffer_spans=3)
     for index in range(5):
         collector.record(f"s{index}", Category.DATA, index, index + 1)
-    assert [s.name for s in _spans(tmp_path)] == ["s0", "s1", "s2"]
+    _wait_until(lambda: len(_spans(tmp_path)) == 3)
+    time.sleep(0.05)
+    assert [s.name for s in _spans(tmp_path)] == ["s0", "s1", "s2"]  # the other two wait in the buffer
+    collector.flush(wait=True)
+    assert len(_spans(tmp_path)) == 5
     collector.close()
     assert len(_spans(tmp_path)) == 5
 

@@ -10,22 +10,19 @@
         collector.step_end(step)
     collector.close()
 
-Recording costs about a microsecond: a span is a tuple appended to a list; packing and writing happen once per
-step (at `step_end`) or when the buffer fills; the heartbeat is a few attribute stores, written to disk by a
-daemon thread. The collector must never take the training job down: a failing disk write is reported by a
-warning and the data dropped.
+Recording a span costs about a microsecond: a tuple appended to a list. At `step_end` (or when the buffer fills)
+the batch is handed to a writer thread that packs and appends it to the file; the heartbeat is a few attribute
+stores, written to disk by another daemon thread. The collector must never take the training job down: a
+failing disk write is reported by a warning and the data dropped.
 """
 
 from __future__ import annotations
 
 import itertools
-import struct
 import threading
-import warnings
 from pathlib import Path
 from time import monotonic_ns
 from types import TracebackType
-from typing import IO
 
 from deeptrace.collect import trace_format as fmt
 from deeptrace.collect.contexts import (
@@ -38,6 +35,7 @@ from deeptrace.collect.contexts import (
     ThreadTracks,
 )
 from deeptrace.collect.heartbeat import HeartbeatWriter, LiveHeartbeat
+from deeptrace.collect.trace_writer import TraceFileWriter
 from deeptrace.rundir import layout
 from deeptrace.rundir.jsonio import dumps, write_atomically
 from deeptrace.rundir.records import ClockRef, HeartbeatState, RankClock
@@ -51,7 +49,8 @@ class Collector:
     Args:
         run_dir: the run directory (created if missing).
         rank, world_size: this process's place in the job.
-        heartbeat_interval_s: how often the daemon thread rewrites the heartbeat; None: only at step end and close.
+        heartbeat_interval_s: how often the daemon thread rewrites the heartbeat (also soon after each step end);
+            None: no thread, the heartbeat is written at start, at close and by `write_heartbeat()`.
         buffer_spans: spans kept in memory before a write even without a step end.
         trace: False keeps heartbeats (for hang diagnosis) but writes no span file.
 
@@ -88,7 +87,6 @@ class Collector:
         self._step_code = NONE_I64  # the current step as stored in records
         self._step_start_ns: int | None = None
         self._closed = False
-        self._write_failed = False
         host, pid = process_identity()
         self._live = LiveHeartbeat(rank=rank, world_size=world_size, host=host, pid=pid)
         self._main_ident = threading.get_ident()
@@ -101,12 +99,11 @@ class Collector:
         self._rank_clock = RankClock(
             rank=rank, host=host, pid=pid, start=self.clock, format_version=layout.FORMAT_VERSION
         )
-        self._file: IO[bytes] | None = None
+        self._writer: TraceFileWriter | None = None
         if trace:
             layout.trace_dir(self.run_dir).mkdir(parents=True, exist_ok=True)
             self._set_aside_previous_attempt()
-            self._file = layout.trace_path(self.run_dir, rank).open("wb", buffering=0)
-            self._file.write(fmt.HEADER.pack(fmt.MAGIC, fmt.TRACE_FORMAT_VERSION, fmt.HEADER.size, rank, world_size))
+            self._writer = TraceFileWriter(layout.trace_path(self.run_dir, rank), rank, world_size)
             self._write_clock()
         self._heartbeat = HeartbeatWriter(self.run_dir, self._live, self.clock, heartbeat_interval_s)
 
@@ -129,9 +126,9 @@ class Collector:
             self,
             name,
             category,
-            step=self._step_code if step is None else step,
-            layer=NONE_I32 if layer is None else layer,
-            nbytes=NONE_I64 if nbytes is None else nbytes,
+            self._step_code if step is None else step,
+            NONE_I32 if layer is None else layer,
+            NONE_I64 if nbytes is None else nbytes,
         )
 
     def collective(
@@ -152,9 +149,9 @@ class Collector:
             self,
             name,
             group,
-            seq=seq,
-            step=self._step_code if step is None else step,
-            nbytes=NONE_I64 if nbytes is None else nbytes,
+            seq,
+            self._step_code if step is None else step,
+            NONE_I64 if nbytes is None else nbytes,
         )
 
     def record(
@@ -271,8 +268,8 @@ class Collector:
 
     # ---- writing ----------------------------------------------------------------------------------------------
 
-    def flush(self) -> None:
-        """Write the buffered spans (and the strings they use) to the trace file in one append."""
+    def flush(self, *, wait: bool = False) -> None:
+        """Hand the buffered spans (and the strings they use) to the writer thread; `wait`: until on disk."""
         with self._flush_lock:
             buffer = self._buffer
             count = len(buffer)  # spans appended after this point stay for the next flush
@@ -282,23 +279,12 @@ class Collector:
             n_strings = len(strings)  # read after the spans: every string those spans use is included
             new = strings[:n_strings]
             del strings[:n_strings]
-            if self._file is None or self._closed:
+            if self._writer is None or self._closed:
                 return
-            data = bytearray()
-            for string_id, text in new:
-                encoded = text.encode()[: fmt.MAX_STRING_BYTES]
-                data += fmt.STRING_HEAD.pack(fmt.TAG_STRING, string_id, len(encoded))
-                data += encoded
-            data += _pack_spans(records)
-            try:
-                self._file.write(data)
-            except OSError as exc:
-                self._warn_once(f"deeptrace: could not write {self._file.name}: {exc}; spans are dropped")
-
-    def _warn_once(self, message: str) -> None:
-        if not self._write_failed:
-            self._write_failed = True
-            warnings.warn(message, RuntimeWarning, stacklevel=3)
+            if records or new:
+                self._writer.submit((new, records))
+        if wait:
+            self._writer.wait()
 
     def _write_clock(self) -> None:
         write_atomically(layout.clock_path(self.run_dir, self.rank), dumps(self._rank_clock.to_dict(), indent=True))
@@ -330,8 +316,8 @@ class Collector:
             return
         self.flush()
         self._closed = True
-        if self._file is not None:
-            self._file.close()
+        if self._writer is not None:
+            self._writer.close()
             self._rank_clock = RankClock(
                 rank=self._rank_clock.rank,
                 host=self._rank_clock.host,
@@ -355,19 +341,3 @@ class Collector:
             self.close()
         else:
             self.close("crashed", error=f"{exc_type.__name__}: {exc}")
-
-
-def _pack_spans(records: list[Record]) -> bytes:
-    pack = fmt.SPAN.pack
-    try:
-        return b"".join([pack(*record) for record in records])
-    except (struct.error, TypeError):
-        # A field out of range or of the wrong type: keep every valid span, warn about the bad ones.
-        kept = []
-        for record in records:
-            try:
-                kept.append(pack(*record))
-            except (struct.error, TypeError) as error:
-                message = f"deeptrace: span dropped, a field is invalid ({error}): {record}"
-                warnings.warn(message, RuntimeWarning, stacklevel=4)
-        return b"".join(kept)

@@ -86,6 +86,9 @@ class LiveHeartbeat:
         )
 
 
+MIN_GAP_S = 0.05  # at most 20 rewrites a second, however short the steps
+
+
 class HeartbeatWriter:
     """Rewrites one rank's heartbeat file from a daemon thread; `interval_s=None` writes only when asked."""
 
@@ -96,9 +99,10 @@ class HeartbeatWriter:
         self.clock = clock
         self.interval_s = interval_s
         self._wake = threading.Event()
-        self._stopping = False
+        self._stop = threading.Event()
         self._lock = threading.Lock()  # one writer of the file at a time (thread and explicit writes)
         self._thread: threading.Thread | None = None
+        self._last_write_ns = 0
         self.write()
         if interval_s is not None:
             self._thread = threading.Thread(target=self._run, name=f"deeptrace-heartbeat-{state.rank}", daemon=True)
@@ -108,8 +112,14 @@ class HeartbeatWriter:
         while True:
             self._wake.wait(self.interval_s)
             self._wake.clear()
-            if self._stopping:
+            if self._stop.is_set():
                 return
+            # Steps shorter than MIN_GAP_S would otherwise rewrite the file at every step end: space the writes.
+            since_ns = time.monotonic_ns() - self._last_write_ns
+            if since_ns < MIN_GAP_S * 1e9:
+                time.sleep(MIN_GAP_S - since_ns / 1e9)
+                if self._stop.is_set():
+                    return
             # A failed write (disk full, folder removed) must never kill the training job; the next one retries.
             with contextlib.suppress(OSError):
                 self.write()
@@ -117,7 +127,8 @@ class HeartbeatWriter:
     def write(self) -> None:
         """Write the heartbeat file now, from the calling thread."""
         with self._lock:
-            heartbeat = self.state.snapshot(self.clock, time.monotonic_ns())
+            self._last_write_ns = now = time.monotonic_ns()
+            heartbeat = self.state.snapshot(self.clock, now)
             write_atomically(self.path, dumps(heartbeat.to_dict(), indent=True))
 
     def wake(self) -> None:
@@ -126,7 +137,7 @@ class HeartbeatWriter:
 
     def stop(self, final_state: HeartbeatState) -> None:
         """Stop the thread and write the last heartbeat with `final_state`."""
-        self._stopping = True
+        self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join()

@@ -1,0 +1,182 @@
+"""Overhead of deeptrace's Collector on a training-like step, measured side by side in one run.
+
+The step is MoE-shaped and runs real numpy matmuls: per layer, forward attention, expert dispatch (all_to_all),
+expert matmuls, combine (all_to_all) and a parameter all_gather, then the same backward with a reduce_scatter;
+collectives are small memory copies standing in for communication. The same list of operations runs plain and
+with every operation recorded (a span or a collective, plus step_begin/step_end), interleaved step by step in
+alternating order so the machine's drift hits both alike.
+
+Prints one JSON line:
+  overhead_pct           traced / plain - 1 of the median step's process CPU time, in percent: the collector's
+                         threads count, other processes on a shared machine do not
+  overhead_pct_wall      the same from wall time (noisy where the machine is shared)
+  overhead_pct_estimate  spans_per_step * ns_per_span / plain step CPU time
+  ns_per_span            CPU cost of one span or collective with nothing inside, packing and writing included
+  step_ms, step_cpu_ms   median plain step, wall and CPU time
+Target: overhead <= 1 % of the step time.
+
+Usage: python tools/bench/collector_overhead.py [--steps 60] [--layers 28]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from deeptrace.collect import Collector
+from deeptrace.spans import Category
+
+TOKENS, HIDDEN, EXPERT_HIDDEN = 128, 256, 256
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    category: Category
+    run: Callable[[], object]
+    layer: int
+    group: str | None = None  # set for collectives
+    nbytes: int = 0
+
+
+def build_step(layers: int, seed: int = 0) -> list[Op]:
+    import numpy as np  # here, after main() limited BLAS to one thread
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((TOKENS, HIDDEN), dtype=np.float32)
+    w_attn = rng.standard_normal((HIDDEN, HIDDEN), dtype=np.float32)
+    w_up = rng.standard_normal((HIDDEN, EXPERT_HIDDEN), dtype=np.float32)
+    w_down = rng.standard_normal((EXPERT_HIDDEN, HIDDEN), dtype=np.float32)
+    comm_src = rng.standard_normal(64 * 1024, dtype=np.float32)
+    comm_dst = np.empty_like(comm_src)
+
+    def attention() -> object:
+        return np.tanh(x @ w_attn) @ w_attn.T
+
+    def experts() -> object:
+        return np.maximum(x @ w_up, 0) @ w_down
+
+    def communicate() -> object:
+        np.copyto(comm_dst, comm_src)
+        return comm_dst
+
+    nbytes = comm_src.nbytes
+    ops: list[Op] = []
+    for layer in range(layers):
+        ops += [
+            Op("all_gather", Category.COMM, communicate, layer, "dp", nbytes),
+            Op("attention", Category.COMPUTE, attention, layer),
+            Op("dispatch", Category.COMM, communicate, layer, "ep", nbytes),
+            Op("experts", Category.COMPUTE, experts, layer),
+            Op("combine", Category.COMM, communicate, layer, "ep", nbytes),
+        ]
+    for layer in reversed(range(layers)):
+        ops += [
+            Op("combine_grad", Category.COMM, communicate, layer, "ep", nbytes),
+            Op("experts_grad", Category.COMPUTE, experts, layer),
+            Op("dispatch_grad", Category.COMM, communicate, layer, "ep", nbytes),
+            Op("attention_grad", Category.COMPUTE, attention, layer),
+            Op("reduce_scatter", Category.COMM, communicate, layer, "dp", nbytes),
+        ]
+    ops.append(Op("optimizer", Category.OPTIMIZER, experts, -1))
+    return ops
+
+
+def step_plain(ops: list[Op]) -> None:
+    for op in ops:
+        op.run()
+
+
+def step_traced(ops: list[Op], collector: Collector, step: int) -> None:
+    collector.step_begin(step)
+    for op in ops:
+        if op.group is not None:
+            with collector.collective(op.name, group=op.group, nbytes=op.nbytes):
+                op.run()
+        else:
+            with collector.span(op.name, op.category, layer=op.layer):
+                op.run()
+    collector.step_end(step)
+
+
+def ns_per_span(run_dir: Path, count: int = 200_000) -> float:
+    """CPU cost of one span, all of it: recording empty spans and collectives (half each) in a tight loop, then
+    packing and writing them (the writer thread's work, waited for), divided by the count. Measured in process CPU
+    time so that other processes on the machine do not inflate it."""
+    collector = Collector(run_dir, 0, 1, heartbeat_interval_s=None, buffer_spans=count + 1)
+    collector.step_begin(0)
+    start = time.process_time_ns()
+    for index in range(count // 2):
+        with collector.span("empty", Category.COMPUTE, layer=index & 7):
+            pass
+        with collector.collective("empty_collective", group="bench", nbytes=8):
+            pass
+    collector.step_end(0)
+    collector.flush(wait=True)
+    elapsed = time.process_time_ns() - start
+    collector.close()
+    return elapsed / count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=60, help="measured step pairs")
+    parser.add_argument("--layers", type=int, default=28)
+    args = parser.parse_args()
+
+    # One BLAS thread (set before numpy loads): a stable step time, and a fair share of a shared machine.
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    ops = build_step(args.layers)
+    with tempfile.TemporaryDirectory() as tmp:
+        collector = Collector(Path(tmp) / "run", 0, 1)
+        for warmup in range(5):
+            step_plain(ops)
+            step_traced(ops, collector, warmup)
+        # Per step: wall time, and the CPU time of the whole process (the collector's threads included), which
+        # other processes on a shared machine do not inflate.
+        wall: dict[str, list[int]] = {"plain": [], "traced": []}
+        cpu: dict[str, list[int]] = {"plain": [], "traced": []}
+        for step in range(args.steps):
+            # Alternate which variant goes first, so neither always runs on a warmer cache.
+            order = ("plain", "traced") if step % 2 == 0 else ("traced", "plain")
+            for variant in order:
+                start_wall, start_cpu = time.perf_counter_ns(), time.process_time_ns()
+                if variant == "plain":
+                    step_plain(ops)
+                else:
+                    step_traced(ops, collector, step + 5)
+                wall[variant].append(time.perf_counter_ns() - start_wall)
+                cpu[variant].append(time.process_time_ns() - start_cpu)
+        collector.close()
+        trace_bytes = (Path(tmp) / "run" / "trace" / "rank-0.dtr").stat().st_size
+        per_span = ns_per_span(Path(tmp) / "tight")
+
+    def overhead(times: dict[str, list[int]]) -> float:
+        return 100 * (statistics.median(times["traced"]) / statistics.median(times["plain"]) - 1)
+
+    spans_per_step = len(ops) + 1  # the step window too
+    step_cpu_ns = statistics.median(cpu["plain"])
+    result = {
+        "overhead_pct": round(overhead(cpu), 3),
+        "overhead_pct_wall": round(overhead(wall), 3),
+        "overhead_pct_estimate": round(100 * spans_per_step * per_span / step_cpu_ns, 3),
+        "ns_per_span": round(per_span, 1),
+        "step_ms": round(statistics.median(wall["plain"]) / 1e6, 2),
+        "step_cpu_ms": round(step_cpu_ns / 1e6, 2),
+        "spans_per_step": spans_per_step,
+        "steps": args.steps,
+        "trace_bytes_per_span": round(trace_bytes / ((args.steps + 5) * spans_per_step), 1),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
