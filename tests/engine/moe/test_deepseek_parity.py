@@ -71,16 +71,16 @@ def test_correction_bias_changes_selection_not_weights() -> None:
     hf.gate.e_score_correction_bias.copy_(bias)
     after = ours.router(x)
     _, hf_weights, hf_experts = hf.gate(x)
-    assert bool((after.experts_TK == 5).any(dim=1).all())
-    assert not bool((before.experts_TK == 5).any(dim=1).all())
-    assert torch.equal(after.experts_TK.sort(dim=1).values, hf_experts.sort(dim=1).values)
+    assert bool((after.experts == 5).any(dim=1).all())
+    assert not bool((before.experts == 5).any(dim=1).all())
+    assert torch.equal(after.experts.sort(dim=1).values, hf_experts.sort(dim=1).values)
     # ... but the weight of a selected expert is still computed from the unbiased sigmoid score.
     scores = torch.sigmoid(x @ ours.router.weight.detach().t())
-    raw = scores.gather(1, after.experts_TK)
+    raw = scores.gather(1, after.experts)
     want = raw / raw.sum(dim=1, keepdim=True) * ours.config.routed_scaling_factor
-    assert torch.allclose(after.weights_TK, want, atol=1e-6)
-    order_ours = after.experts_TK.argsort(dim=1)
+    assert torch.allclose(after.weights, want, atol=1e-6)
+    order_ours = after.experts.argsort(dim=1)
     order_hf = hf_experts.argsort(dim=1)
-    assert torch.allclose(after.weights_TK.gather(1, order_ours), hf_weights.gather(1, order_hf), atol=1e-6)
+    assert torch.allclose(after.weights.gather(1, order_ours), hf_weights.gather(1, order_hf), atol=1e-6)
     y_ours, _ = ours(x)
     assert (y_ours - hf(x.unsqueeze(0)).squeeze(0)).abs().max().item() <= 1e-5
