@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from clusterx.cli import main
 from click.testing import CliRunner, Result
+from clusterx.cli import main
 
 pytestmark = pytest.mark.xdist_group("clusterx-daemon")
 
@@ -39,7 +39,8 @@ def _submit(cli: Callable[..., Result], *args: str, env: dict[str, str] | None =
 
 def test_help_loads_neither_sqlalchemy_nor_pydantic() -> None:
     code = (
-        "import sys\nfrom clusterx.cli import main\ntry:\n    main(['submit', '--help'])\nexcept SystemExit:\n    pass\n"
+        "import sys\nfrom clusterx.cli import main\n"
+        "try:\n    main(['submit', '--help'])\nexcept SystemExit:\n    pass\n"
         "heavy = [m for m in ('sqlalchemy', 'pydantic', 'alembic', 'psutil') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
