@@ -176,6 +176,13 @@ def test_exit_code_file_fallback() -> None:
     assert (state, code, reason) == (JobState.FAILED, 137, "killed by signal 9 (SIGKILL)")
     assert _status("start=100\ntime_limit_s=60\nnodelist=vm\nsignal=TERM\nend=165\n")[0] is JobState.TIMEOUT
     assert _status("start=100\ntime_limit_s=60\nnodelist=vm\nsignal=TERM\nend=120\n")[0] is JobState.CANCELLED
+    # What the script saw of Slurm as it ended decides first: Slurm marks the job before it signals it.
+    base = "start=100\ntime_limit_s=60\nnodelist=vm\n"
+    assert _status(base + "signal=TERM\nslurm=COMPLETING|TimeLimit\nend=130\n")[0] is JobState.TIMEOUT
+    assert _status(base + "exit=143\nslurm=COMPLETING|None\nend=130\n")[0] is JobState.CANCELLED
+    assert _status(base + "exit=143\nslurm=COMPLETING|Preempted\nend=130\n")[0] is JobState.PREEMPTED
+    assert _status(base + "exit=0\nslurm=RUNNING|None\nend=130\n")[0] is JobState.SUCCEEDED
+    assert _status(base + "exit=2\nslurm=RUNNING|None\nend=130\n")[:3] == (JobState.FAILED, "EXIT_FILE exit=2", 2)
     state, _, _, reason = _status("start=100\ntime_limit_s=60\nnodelist=vm\n")
     assert state is JobState.LOST
     assert reason is not None

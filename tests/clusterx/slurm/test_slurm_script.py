@@ -46,7 +46,7 @@ def directives(script: str) -> dict[str, str]:
 
 def launch_text(script: str) -> str:
     """The launch command (it may span lines: a quoted argument can hold a line break)."""
-    match = re.search(r"trap __cx_on_term TERM\n\n(.*) &\n__cx_child=", script, re.DOTALL)
+    match = re.search(r"# Launch[^\n]*\n(.*) &\n__cx_child=", script, re.DOTALL)
     assert match, script
     return match.group(1)
 

@@ -20,7 +20,7 @@ from .nodelist import expand_hostlist, rank_to_host
 from .options import SlurmOptions
 from .records import SlurmRecord, StatusFile, read_status_file
 from .script import log_paths_for, render_sbatch_script, status_file_path
-from .states import ExitStatus, combine, map_slurm_state, parse_exit_code, signal_name
+from .states import ExitStatus, combine, map_slurm_state, normalize_state, parse_exit_code, signal_name
 
 SCRIPT_NAME = "sbatch.sh"
 
@@ -198,6 +198,11 @@ class SlurmBackend:
 
 def _end_from_file(status_file: StatusFile) -> tuple[JobState, str, int | None, str | None]:
     """(state, raw state, exit code, reason) from an exit-code file alone."""
+    ended_by_slurm = _ended_by_slurm(status_file)
+    if ended_by_slurm is not None:
+        state, reason = ended_by_slurm
+        raw_state = f"EXIT_FILE slurm={status_file.slurm_state}|{status_file.slurm_reason}"
+        return state, raw_state, None, reason
     if status_file.exit_code is not None:
         exit_status = _exit_from_file(status_file)
         state = JobState.SUCCEEDED if status_file.exit_code == 0 else JobState.FAILED
@@ -218,6 +223,34 @@ def _end_from_file(status_file: StatusFile) -> tuple[JobState, str, int | None, 
         "(killed with SIGKILL, or its node was lost)"
     )
     return JobState.LOST, "EXIT_FILE started", None, reason
+
+
+# squeue's reason (%r) of a job Slurm is ending from outside → the canonical state.
+_ENDING_REASONS = {
+    "TimeLimit": (JobState.TIMEOUT, "killed at its time limit"),
+    "Deadline": (JobState.TIMEOUT, "killed at its deadline"),
+    "Preempted": (JobState.PREEMPTED, "preempted by a job of higher priority"),
+    "NodeDown": (JobState.NODE_FAIL, "a node of the job failed"),
+    "NodeFail": (JobState.NODE_FAIL, "a node of the job failed"),
+}
+
+
+def _ended_by_slurm(status_file: StatusFile) -> tuple[JobState, str | None] | None:
+    """(state, reason) when the script saw Slurm ending its job from outside (scancel, time limit, ...).
+
+    A job whose processes end by themselves is still RUNNING in Slurm while its script writes the file;
+    Slurm marks a job it ends COMPLETING (or CANCELLED, TIMEOUT, ...) before it signals the script.
+    """
+    word = normalize_state(status_file.slurm_state) if status_file.slurm_state else ""
+    mapped = map_slurm_state(word) if word else None
+    if mapped is not None and mapped.state.is_terminal and mapped.state is not JobState.SUCCEEDED:
+        return combine(mapped, ExitStatus(None, None))
+    if word != "COMPLETING":
+        return None
+    for prefix, outcome in _ENDING_REASONS.items():
+        if status_file.slurm_reason.startswith(prefix):
+            return outcome
+    return JobState.CANCELLED, "cancelled (Slurm was ending the job when its script stopped)"
 
 
 def _exit_from_file(status_file: StatusFile) -> ExitStatus:

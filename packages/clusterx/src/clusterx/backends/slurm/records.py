@@ -102,6 +102,8 @@ class StatusFile:
     time_limit_s: int
     exit_code: int | None  # set when the job's processes ended by themselves
     signal: str | None  # "TERM" when Slurm terminated the script (scancel, time limit, preemption)
+    slurm_state: str  # squeue's %T as the script ended ("RUNNING", "COMPLETING", ...), or ""
+    slurm_reason: str  # squeue's %r then ("TimeLimit", "None", ...), or ""
 
 
 def _epoch(value: str | None) -> datetime | None:
@@ -115,6 +117,7 @@ def parse_status_file(text: str) -> StatusFile:
         if sep:
             values[key.strip()] = value.strip()
     exit_text = values.get("exit", "")
+    slurm_state, _, slurm_reason = values.get("slurm", "").partition("|")
     limit_text = values.get("time_limit_s", "0")
     return StatusFile(
         started_at=_epoch(values.get("start")),
@@ -123,6 +126,8 @@ def parse_status_file(text: str) -> StatusFile:
         time_limit_s=int(limit_text) if limit_text.isdigit() else 0,
         exit_code=int(exit_text) if exit_text.isdigit() else None,
         signal=values.get("signal") or None,
+        slurm_state=slurm_state,
+        slurm_reason=slurm_reason,
     )
 
 

@@ -188,6 +188,26 @@ def render_sbatch_script(
         "unset __cx_var",
         "PATH=/usr/local/bin:/usr/bin:/bin  # not exported: finds this script's helpers unless the job sets PATH",
         "",
+        "# Exit-code file: how clusterx learns how the job ended on a cluster without slurmdbd or completion log.",
+        f'__cx_status_file={shlex.quote(str(state_dir))}/"$SLURM_JOB_ID".status',
+        "__cx_start=$(date +%s)",
+        "__cx_record() {  # rewrite the whole file and rename it into place: a reader never sees half of it",
+        f'  printf \'%s\\n\' "start=$__cx_start" "time_limit_s={time_limit_s}" '
+        '"nodelist=$SLURM_JOB_NODELIST" "$@" >"$__cx_status_file.tmp" &&',
+        '    mv -f -- "$__cx_status_file.tmp" "$__cx_status_file"',
+        "}",
+        f"mkdir -p -- {shlex.quote(str(state_dir))} && __cx_record",
+        "__cx_child=",
+        # Slurm sends SIGTERM on scancel and at the time limit (SIGKILL follows KillWait seconds later):
+        # record it, pass it on to the processes, wait for them.
+        "__cx_slurm_view() {  # Slurm's state and reason as the script ends: COMPLETING|TimeLimit on a time-out,",
+        "  # COMPLETING|None on scancel (Slurm marks the job before it signals it); RUNNING when the job ended itself",
+        f"  {_tool(options, 'squeue')} --noheader --states=all --format='%T|%r' --jobs=\"$SLURM_JOB_ID\" 2>/dev/null",
+        "}",
+        '__cx_on_term() { __cx_record "signal=TERM" "slurm=$(__cx_slurm_view)" "end=$(date +%s)"; '
+        '[ -n "$__cx_child" ] && kill -TERM "$__cx_child" 2>/dev/null; wait; exit 143; }',
+        "trap __cx_on_term TERM",
+        "",
         "# The job's environment.",
     ]
     lines += [
@@ -203,27 +223,12 @@ def render_sbatch_script(
         f"MASTER_PORT=$(({RDZV_PORT_BASE} + SLURM_JOB_ID % {RDZV_PORT_SPAN}))",
         "export MASTER_ADDR MASTER_PORT",
         "",
-        "# Exit-code file: how clusterx learns how the job ended on a cluster without slurmdbd or completion log.",
-        f'__cx_status_file={shlex.quote(str(state_dir))}/"$SLURM_JOB_ID".status',
-        "__cx_start=$(date +%s)",
-        "__cx_record() {  # rewrite the whole file and rename it into place: a reader never sees half of it",
-        f'  printf \'%s\\n\' "start=$__cx_start" "time_limit_s={time_limit_s}" '
-        '"nodelist=$SLURM_JOB_NODELIST" "$@" >"$__cx_status_file.tmp" &&',
-        '    mv -f -- "$__cx_status_file.tmp" "$__cx_status_file"',
-        "}",
-        f"mkdir -p -- {shlex.quote(str(state_dir))} && __cx_record",
-        "__cx_child=",
-        # Slurm sends SIGTERM on scancel and at the time limit (SIGKILL follows KillWait seconds later):
-        # record it, pass it on to the processes, wait for them.
-        '__cx_on_term() { __cx_record "signal=TERM" "end=$(date +%s)"; '
-        '[ -n "$__cx_child" ] && kill -TERM "$__cx_child" 2>/dev/null; wait; exit 143; }',
-        "trap __cx_on_term TERM",
-        "",
+        "# Launch: the job's processes run in the background so that the TERM trap above runs at once.",
         f"{launch_command(spec, options, torchrun)} &",
         "__cx_child=$!",
         'wait "$__cx_child"',
         "__cx_rc=$?",
-        '__cx_record "exit=$__cx_rc" "end=$(date +%s)"',
+        '__cx_record "exit=$__cx_rc" "slurm=$(__cx_slurm_view)" "end=$(date +%s)"',
         'exit "$__cx_rc"',
         "",
     ]
