@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -103,6 +104,33 @@ def test_spans_of_other_threads_go_on_their_own_track(tmp_path: Path) -> None:
     worker.join()
     collector.close()
     assert {(s.name, s.track) for s in _spans(tmp_path)} == {("decode", "loader/1"), ("load", "loader")}
+
+
+def test_threads_recording_while_buffers_flush_lose_nothing(tmp_path: Path) -> None:
+    """Several threads record at once, and the small buffer is flushed from whichever thread fills it."""
+    collector = Collector(tmp_path, 0, 1, heartbeat_interval_s=None, buffer_spans=7)
+    per_thread = 2000
+
+    def work() -> None:
+        for index in range(per_thread):
+            with collector.span("w", Category.COMPUTE, layer=index % 3):
+                pass
+
+    workers = [threading.Thread(target=work, name=f"worker{n}") for n in range(4)]
+    for worker in workers:
+        worker.start()
+    work()  # the main thread too
+    for worker in workers:
+        worker.join()
+    collector.close()
+    spans = _spans(tmp_path)
+    counts: dict[str, int] = {}
+    for span in spans:
+        counts[span.track] = counts.get(span.track, 0) + 1
+    assert counts == {f"worker{n}": per_thread for n in range(4)} | {"main": per_thread}
+    for track in counts:  # one thread's spans are in order and never overlap
+        mine = [s for s in spans if s.track == track]
+        assert all(a.end_ns <= b.start_ns for a, b in itertools.pairwise(mine))
 
 
 def test_unknown_category_is_refused(tmp_path: Path) -> None:

@@ -129,6 +129,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60, help="measured step pairs")
     parser.add_argument("--layers", type=int, default=28)
+    parser.add_argument("--tight-spans", type=int, default=200_000, help="spans of the per-span cost loop")
     args = parser.parse_args()
 
     # One BLAS thread (set before numpy loads): a stable step time, and a fair share of a shared machine.
@@ -157,7 +158,7 @@ def main() -> None:
                 cpu[variant].append(time.process_time_ns() - start_cpu)
         collector.close()
         trace_bytes = (Path(tmp) / "run" / "trace" / "rank-0.dtr").stat().st_size
-        per_span = ns_per_span(Path(tmp) / "tight")
+        per_span = ns_per_span(Path(tmp) / "tight", args.tight_spans)
 
     def overhead(times: dict[str, list[int]]) -> float:
         return 100 * (statistics.median(times["traced"]) / statistics.median(times["plain"]) - 1)

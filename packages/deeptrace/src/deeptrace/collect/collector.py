@@ -89,9 +89,9 @@ class Collector:
         self._closed = False
         host, pid = process_identity()
         self._live = LiveHeartbeat(rank=rank, world_size=world_size, host=host, pid=pid)
-        self._main_ident = threading.get_ident()
-        self._main_thread = ThreadTracks("main", self._live.open_spans)
-        self._threads: dict[int, ThreadTracks] = {self._main_ident: self._main_thread}
+        # Per-thread state lives in a threading.local: it dies with its thread, while thread idents get reused.
+        self._local = threading.local()
+        self._local.tracks = ThreadTracks("main", self._live.open_spans)
         self._code_of: dict[str, int] = {str(c): code for c, code in fmt.CATEGORY_CODES.items()}
 
         self.clock = ClockRef.measure()
@@ -253,10 +253,10 @@ class Collector:
         return code
 
     def _thread(self) -> ThreadTracks:
-        ident = threading.get_ident()
-        thread = self._threads.get(ident)
-        if thread is None:
-            thread = self._threads[ident] = ThreadTracks(threading.current_thread().name, [])
+        try:
+            thread: ThreadTracks = self._local.tracks
+        except AttributeError:
+            thread = self._local.tracks = ThreadTracks(threading.current_thread().name, [])
         return thread
 
     def _track_id(self, thread: ThreadTracks, depth: int) -> int:

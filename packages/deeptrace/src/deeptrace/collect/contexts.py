@@ -6,7 +6,6 @@ the file (a tuple `pack(*record)` writes as is; missing values already replaced 
 
 from __future__ import annotations
 
-from threading import get_ident
 from time import monotonic_ns
 from typing import TYPE_CHECKING, Any
 
@@ -61,11 +60,14 @@ class SpanContext:
 
     def __enter__(self) -> SpanContext:
         collector = self._collector
-        thread = collector._main_thread if get_ident() == collector._main_ident else collector._thread()
+        try:
+            thread = collector._local.tracks
+        except AttributeError:  # the first span of this thread
+            thread = collector._thread()
         self._thread = thread
         thread.stack.append(self)
-        self.start_ns = start = monotonic_ns()
-        collector._live.last_event_ns = start
+        # No heartbeat store here: the heartbeat counts the innermost open span's start as progress.
+        self.start_ns = monotonic_ns()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -76,14 +78,17 @@ class SpanContext:
         stack.pop()
         collector._live.last_event_ns = end
         depth = len(stack)
-        tracks = thread.tracks
+        try:
+            track = thread.tracks[depth]
+        except IndexError:
+            track = collector._track_id(thread, depth)
         buffer = collector._buffer
         buffer.append(
             (
                 TAG,
                 self.code,
                 self.name_id,
-                tracks[depth] if depth < len(tracks) else collector._track_id(thread, depth),
+                track,
                 NO_STRING,
                 self.start_ns,
                 end,
@@ -138,7 +143,10 @@ class CollectiveContext:
         if seq is None:
             seq = self.seq = collector._next_seq.get(group, 0)
         collector._next_seq[group] = seq + 1
-        thread = collector._main_thread if get_ident() == collector._main_ident else collector._thread()
+        try:
+            thread = collector._local.tracks
+        except AttributeError:  # the first span of this thread
+            thread = collector._thread()
         self._thread = thread
         thread.stack.append(self)
         self.start_ns = start = monotonic_ns()
@@ -163,14 +171,17 @@ class CollectiveContext:
         live.groups[self.group][1] = seq
         live.last_event_ns = end
         depth = len(stack)
-        tracks = thread.tracks
+        try:
+            track = thread.tracks[depth]
+        except IndexError:
+            track = collector._track_id(thread, depth)
         buffer = collector._buffer
         buffer.append(
             (
                 TAG,
                 COMM_CODE,
                 self.name_id,
-                tracks[depth] if depth < len(tracks) else collector._track_id(thread, depth),
+                track,
                 self.group_id,
                 self.start_ns,
                 end,

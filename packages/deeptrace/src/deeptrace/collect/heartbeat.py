@@ -49,6 +49,14 @@ class LiveHeartbeat:
     open_spans: list[OpenSpan] = field(default_factory=list)  # the training thread's stack of open spans
     error: str | None = None
 
+    def latest_progress_ns(self) -> int:
+        """The latest event: stored as it happens, except a span's entry, which is the innermost open span's start
+        (read from another thread, so the stack may be emptied under our feet)."""
+        latest = self.last_event_ns
+        with contextlib.suppress(IndexError):
+            latest = max(latest, self.open_spans[-1].start_ns)
+        return latest
+
     def snapshot(self, clock: ClockRef, written_ns: int) -> Heartbeat:
         def wall_s(mono_ns: int) -> float:
             return clock.to_wall_ns(mono_ns) / 1e9
@@ -60,6 +68,7 @@ class LiveHeartbeat:
             return CollectiveMark(name=name, group=group, seq=seq, wall_s=wall_s(at_ns))
 
         innermost = self.open_spans[-1] if self.open_spans else None
+        last_event_ns = self.latest_progress_ns()
         return Heartbeat(
             rank=self.rank,
             world_size=self.world_size,
@@ -67,7 +76,7 @@ class LiveHeartbeat:
             pid=self.pid,
             state=self.state,
             written_wall_s=wall_s(written_ns),
-            last_event_wall_s=wall_s(self.last_event_ns),
+            last_event_wall_s=wall_s(last_event_ns),
             step=self.step,
             step_done=self.step_done,
             open_span=None

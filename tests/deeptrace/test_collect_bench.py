@@ -1,0 +1,31 @@
+"""The overhead benchmark runs and ends with its one JSON line (its figures are for docs, not for asserts)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import REPO_ROOT
+
+
+def test_collector_overhead_benchmark_prints_its_json_line() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "tools/bench/collector_overhead.py"),
+            "--steps",
+            "2",
+            "--layers",
+            "2",
+            "--tight-spans",
+            "2000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {"overhead_pct", "ns_per_span", "step_ms"} <= set(figures)
+    assert figures["ns_per_span"] > 0 and figures["spans_per_step"] == 2 * 2 * 5 + 2
