@@ -37,6 +37,8 @@ def _fail(message: str) -> None:
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Parallel processes (default: CPUs).")
 @click.option("--no-clock-sync", is_flag=True, help="Do not correct clock offsets estimated from collectives.")
 @click.option("--no-png", is_flag=True, help="Skip summary.png.")
+@click.option("--stall-after", "stall_after", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Hang diagnosis: a rank idle this long counts as stopped (default 120).")  # fmt: skip
 def analyze(
     *,
     run_dir: Path,
@@ -48,6 +50,7 @@ def analyze(
     jobs: int | None,
     no_clock_sync: bool,
     no_png: bool,
+    stall_after: float | None,
 ) -> None:
     """Analyse RUN_DIR: an xtrain run directory or a folder of PyTorch profiler (Kineto) traces.
 
@@ -73,6 +76,7 @@ def analyze(
             jobs=jobs,
             keep_rows=merge,
             clock_sync=not no_clock_sync,
+            stall_after_s=stall_after,
             warn=lambda message: click.echo(f"deeptrace: warning: {message}", err=True),
         )
     except NoInputError as err:

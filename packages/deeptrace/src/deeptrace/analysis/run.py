@@ -75,6 +75,7 @@ def analyse_run(
     keep_rows: bool = False,
     straggler_config: StragglerConfig | None = None,
     clock_sync: bool = True,
+    stall_after_s: float | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> RunAnalysis:
     """Analyse RUN_DIR. Raises NoInputError when there is nothing to analyse; bad files become warnings."""
@@ -138,7 +139,7 @@ def analyse_run(
     if len(logs) >= 2 and not matched:
         note("collectives of different ranks could not be matched (no shared process group and sequence numbers)")
     stragglers = straggler_verdict(skew, straggler_config)
-    hang = _hang(inputs, note)
+    hang = _hang(inputs, note, stall_after_s)
     return RunAnalysis(
         inputs=inputs,
         ranks=ranks,
@@ -186,7 +187,7 @@ def _ranges(values: list[int]) -> str:
     return ", ".join(parts)
 
 
-def _hang(inputs: Inputs, note: Callable[[str], None]) -> dict[str, Any] | None:
+def _hang(inputs: Inputs, note: Callable[[str], None], stall_after_s: float | None) -> dict[str, Any] | None:
     """The hang diagnosis from heartbeats (deeptrace.analysis.hang), when the run directory has them."""
     if not layout.heartbeat_dir(inputs.run_dir).is_dir():
         return None
@@ -197,7 +198,11 @@ def _hang(inputs: Inputs, note: Callable[[str], None]) -> dict[str, Any] | None:
         note(f"hang diagnosis unavailable in this installation ({err})")
         return None
     try:
-        report = diagnose_hang(inputs.run_dir)
+        report = (
+            diagnose_hang(inputs.run_dir)
+            if stall_after_s is None
+            else diagnose_hang(inputs.run_dir, stall_after_s=stall_after_s)
+        )
     except (TraceInputError, ValueError) as err:
         note(f"hang diagnosis skipped: {err}")
         return None
