@@ -4,6 +4,7 @@ confirmation), wait's exit status, retry, daemon start/stop/status, and a --help
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import subprocess
@@ -166,3 +167,27 @@ def test_daemon_commands(cli: Callable[..., Result]) -> None:
 def test_unknown_job_is_a_clear_error(cli: Callable[..., Result]) -> None:
     result = cli("describe", "999")
     assert result.exit_code == 2 and "no job 999" in result.output
+
+
+def test_submit_through_the_running_daemon_loads_neither_sqlalchemy_nor_pydantic(
+    cli: Callable[..., Result], sqlite_db: str, tmp_path: Path
+) -> None:
+    assert cli("daemon", "start").exit_code == 0
+    code = (
+        "import sys\nfrom clusterx.cli import main\n"
+        "try:\n    main(['submit', '--json', '--name', 'quick', '--', 'true'])\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('sqlalchemy', 'pydantic', 'alembic') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    env = {**os.environ, "CLUSTERX_DB": sqlite_db, "CLUSTERX_RUNS_DIR": str(tmp_path / "runs")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, timeout=60, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["name"] == "quick" and record["user"] == getpass.getuser()
+    assert record["run_dir"].startswith(str(tmp_path / "runs"))
+    assert record["spec"]["workdir"] == str(Path.cwd())
+    bad = subprocess.run([sys.executable, "-c", code.replace("'--name'", "'--nodes', '0', '--name'")], env=env,
+                         timeout=60, capture_output=True, text=True, check=False)  # fmt: skip
+    assert "key 'nodes'" in bad.stderr and "Traceback" not in bad.stderr

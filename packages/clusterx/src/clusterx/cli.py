@@ -20,7 +20,6 @@ from clusterx import __version__
 
 if TYPE_CHECKING:
     from clusterx.client import Client
-    from clusterx.spec import JobSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -111,21 +110,43 @@ def submit(ctx: click.Context, /, args: tuple[str, ...], dryrun: bool, as_json: 
     Options come before the command or spec file; options given override the spec file's values. The job
     gets only the allow-listed variables of this shell (PATH, HOME, LANG, LC_*, VIRTUAL_ENV, ...) plus --env.
     """
-    spec = build_spec(args, options)
+    from clusterx.paths import resolve_db_url  # noqa: PLC0415
+
+    mapping, source = spec_mapping(args, options)
+    db = ctx.find_root().obj.get("db")
+    if not dryrun and mapping.get("backend", "local") == "local":
+        # The quick way: the running daemon validates and stores the job (see clusterx.daemon.fastpath).
+        from clusterx.daemon.fastpath import submit_via_daemon  # noqa: PLC0415
+
+        record = submit_via_daemon(resolve_db_url(db), mapping, source, os.environ.get("CLUSTERX_RUNS_DIR"))
+        if record is not None:
+            _print_submitted(record, as_json)
+            return
+    from clusterx.spec import JobSpec  # noqa: PLC0415
+
+    spec = JobSpec.from_mapping(mapping, source=source)
     client = _client(ctx)
     if dryrun:
         click.echo(client.dryrun(spec), nl=False)
         return
-    record = client.submit(spec)
+    _print_submitted(client.submit(spec), as_json)
+
+
+def _print_submitted(record: dict[str, Any], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(record, indent=2))
     else:
         click.echo(f"job {record['id']} {record['state']} on {record['backend']}: run dir {record['run_dir']}")
 
 
-def build_spec(args: tuple[str, ...], options: dict[str, Any]) -> JobSpec:
+def spec_mapping(args: tuple[str, ...], options: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The spec as a plain mapping (validated later by JobSpec) and where it came from, for messages.
+    Paths are made absolute here, against the submitter's working directory."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from clusterx.environment import env_from_shell, parse_env_assignment  # noqa: PLC0415
     from clusterx.errors import SpecError  # noqa: PLC0415
-    from clusterx.spec import JobSpec, env_from_shell, parse_env_assignment  # noqa: PLC0415
+    from clusterx.specfile import read_spec_file  # noqa: PLC0415
 
     env = env_from_shell(os.environ)
     for item in options.pop("env"):
@@ -146,11 +167,21 @@ def build_spec(args: tuple[str, ...], options: dict[str, Any]) -> JobSpec:
     if backend_options:
         given["backend_options"] = backend_options
     if len(args) == 1 and args[0].endswith(".toml"):
-        spec = JobSpec.from_toml(args[0], overrides=given)
-        return spec.model_copy(update={"env": {**env, **spec.env}})
-    if not args:
+        source = args[0]
+        mapping = read_spec_file(Path(source))
+        file_env = mapping.get("env", {})
+        mapping.update(given)
+        mapping["env"] = {**env, **file_env} if isinstance(file_env, dict) else file_env
+    elif args:
+        source = "command line"
+        mapping = {**given, "command": list(args), "env": env}
+    else:
         raise SpecError("nothing to run: give a command after `--` (clusterx submit -- python train.py) or a SPEC.toml")
-    return JobSpec.from_mapping({**given, "command": list(args), "env": env}, source="command line")
+    for key in ("workdir", "run_dir"):
+        if isinstance(mapping.get(key), str):
+            mapping[key] = str(Path(mapping[key]).resolve())
+    mapping.setdefault("workdir", str(Path.cwd()))
+    return mapping, source
 
 
 # -- list / describe --------------------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from clusterx.errors import DatabaseConfigError
+
 
 def default_data_dir() -> Path:
     """$XDG_DATA_HOME/clusterx (~/.local/share/clusterx): the default database and run directories live here."""
@@ -24,3 +26,26 @@ def default_runs_dir(db_url: str) -> Path:
 def attempt_dir(run_dir: str | Path, attempt: int) -> Path:
     """Per-attempt files of a job: stdout.log, stderr.log and the local wrapper's exit status."""
     return Path(run_dir) / "clusterx" / f"attempt-{attempt}"
+
+
+def resolve_db_url(db: str | None = None) -> str:
+    """--db, else CLUSTERX_DB, else the SQLite file in the data directory. A plain path means a SQLite file."""
+    value = db or os.environ.get("CLUSTERX_DB") or str(default_data_dir() / "clusterx.db")
+    if "://" not in value:
+        return f"sqlite:///{Path(value).expanduser().resolve()}"
+    scheme, _, rest = value.partition("://")
+    if scheme in ("postgres", "postgresql"):
+        return f"postgresql+psycopg://{rest}"  # psycopg 3 is the driver clusterx declares
+    if scheme not in ("sqlite", "postgresql+psycopg"):
+        raise DatabaseConfigError(
+            f"database URL scheme {scheme!r} is not supported; use a file path, sqlite:///PATH or postgresql://..."
+        )
+    return value
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file behind a SQLite URL, None for other databases (or an in-memory SQLite)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url.removeprefix("sqlite:///")
+    return None if path in ("", ":memory:") else Path(path)

@@ -10,9 +10,7 @@ look like secrets are refused, because the spec is written to the database and i
 
 from __future__ import annotations
 
-import itertools
 import re
-import tomllib
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,55 +18,26 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from clusterx.environment import ENV_KEY, env_from_shell, looks_secret, parse_env_assignment
 from clusterx.errors import SpecError
+from clusterx.specfile import read_spec_file
+
+__all__ = [
+    "JobSpec",
+    "describe_validation_error",
+    "env_from_shell",
+    "looks_secret",
+    "parse_duration_seconds",
+    "parse_env_assignment",
+    "parse_memory_mib",
+]
 
 BackendName = Literal["local", "slurm", "fake"]
-
-# Variables of the submitting shell a job inherits (exact names, plus every LC_* locale variable).
-# Enough to find programs and a Python environment and to keep the locale; nothing that carries credentials.
-ENV_ALLOW_LIST = frozenset(
-    {
-        "PATH",
-        "HOME",
-        "USER",
-        "LOGNAME",
-        "SHELL",
-        "LANG",
-        "LANGUAGE",
-        "TZ",
-        "TERM",
-        "TMPDIR",
-        "PYTHONPATH",
-        "VIRTUAL_ENV",
-        "CONDA_PREFIX",
-        "CONDA_DEFAULT_ENV",
-        "HF_HOME",
-        "HF_HUB_OFFLINE",
-        "TORCHINDUCTOR_CACHE_DIR",
-        "OMP_NUM_THREADS",
-    }
-)
-
-# A key is treated as secret when one of its underscore-separated words is one of these (so MAX_TOKENS_PER_GPU
-# is fine, GITHUB_TOKEN and AWS_SECRET_ACCESS_KEY are not).
-_SECRET_WORDS = frozenset(
-    {"SECRET", "TOKEN", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "APIKEY", "PRIVATE"}
-)
-_SECRET_PAIRS = (("API", "KEY"), ("ACCESS", "KEY"), ("AUTH", "KEY"))
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
 _MEMORY_FACTOR_MIB = {"K": 1 / 1024, "M": 1, "": 1, "G": 1024, "T": 1024 * 1024}
 _DURATION_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$", re.IGNORECASE)
 _DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def looks_secret(key: str) -> bool:
-    """True when an environment variable's name suggests it holds a credential."""
-    words = key.upper().split("_")
-    if any(word in _SECRET_WORDS for word in words):
-        return True
-    return any(pair in itertools.pairwise(words) for pair in _SECRET_PAIRS)
 
 
 def parse_memory_mib(value: str | int) -> int:
@@ -104,19 +73,6 @@ def parse_duration_seconds(value: str | int) -> int:
         numbers.insert(0, 0)
     hours, minutes, seconds = numbers
     return days * 86400 + hours * 3600 + minutes * 60 + seconds
-
-
-def env_from_shell(shell_env: Mapping[str, str]) -> dict[str, str]:
-    """The allow-listed part of a shell's environment (see ENV_ALLOW_LIST; LC_* included)."""
-    return {k: v for k, v in shell_env.items() if k in ENV_ALLOW_LIST or k.startswith("LC_")}
-
-
-def parse_env_assignment(text: str) -> tuple[str, str]:
-    """'KEY=VALUE' from --env → (KEY, VALUE)."""
-    key, sep, value = text.partition("=")
-    if not sep or not _ENV_KEY.match(key):
-        raise SpecError(f"--env {text!r}: expected KEY=VALUE with KEY made of letters, digits and '_'")
-    return key, value
 
 
 class JobSpec(BaseModel):
@@ -165,7 +121,7 @@ class JobSpec(BaseModel):
     @classmethod
     def _no_secrets(cls, value: dict[str, str]) -> dict[str, str]:
         for key in value:
-            if not _ENV_KEY.match(key):
+            if not ENV_KEY.match(key):
                 raise ValueError(f"environment variable name {key!r} is not made of letters, digits and '_'")
             if looks_secret(key):
                 raise ValueError(
@@ -197,14 +153,7 @@ class JobSpec(BaseModel):
     def from_toml(cls, path: str | Path, overrides: Mapping[str, Any] | None = None) -> JobSpec:
         """Read a spec file; one clear SpecError naming the file and key on any problem."""
         path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise SpecError(f"{path}: spec file not found") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise SpecError(f"{path}: not valid TOML: {exc}") from None
-        if isinstance(data.get("job"), dict) and len(data) == 1:
-            data = data["job"]  # a [job] table is accepted as well as top-level keys
+        data = read_spec_file(path)
         data.update(overrides or {})
         return cls.from_mapping(data, source=str(path))
 

@@ -13,7 +13,9 @@ import logging
 import os
 import sys
 
+from clusterx.daemon.api import SubmitServer
 from clusterx.daemon.control import lock_path
+from clusterx.daemon.fastpath import socket_path
 from clusterx.daemon.resources import gpu_indices, machine_capacity
 from clusterx.daemon.service import Daemon
 from clusterx.db.engine import resolve_db_url
@@ -42,10 +44,13 @@ def main() -> int:
     if os.environ.get("CLUSTERX_DAEMON_CPUS"):
         capacity = dataclasses.replace(capacity, cpus=int(os.environ["CLUSTERX_DAEMON_CPUS"]))
     daemon = Daemon(store, capacity, gpu_indices(), idle_exit_s=float(idle) if idle else None)
+    server = SubmitServer(url, socket_path(url))
+    server.start()
     logging.getLogger("clusterx.daemon").info("serving %s with %s", path.name, daemon.capacity)
     try:
         daemon.run()
     finally:
+        server.close()
         handle.seek(0)
         handle.truncate()
         handle.close()  # releases the lock

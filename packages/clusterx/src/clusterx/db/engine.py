@@ -8,7 +8,6 @@ failing on a lock upgrade. PostgreSQL is used through psycopg 3 when the URL say
 from __future__ import annotations
 
 import fcntl
-import os
 import random
 import time
 import zlib
@@ -21,7 +20,9 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from clusterx.errors import DatabaseConfigError
-from clusterx.paths import default_data_dir
+from clusterx.paths import resolve_db_url, sqlite_path
+
+__all__ = ["HEAD_REVISION", "ensure_schema", "make_engine", "resolve_db_url", "retry_db", "sqlite_path"]
 
 # The newest migration; the schema check compares against it without importing Alembic (a test keeps it true).
 HEAD_REVISION = "0001"
@@ -29,29 +30,6 @@ MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 T = TypeVar("T")
-
-
-def resolve_db_url(db: str | None = None) -> str:
-    """--db, else CLUSTERX_DB, else the SQLite file in the data directory. A plain path means a SQLite file."""
-    value = db or os.environ.get("CLUSTERX_DB") or str(default_data_dir() / "clusterx.db")
-    if "://" not in value:
-        return f"sqlite:///{Path(value).expanduser().resolve()}"
-    scheme, _, rest = value.partition("://")
-    if scheme in ("postgres", "postgresql"):
-        return f"postgresql+psycopg://{rest}"  # psycopg 3 is the driver clusterx declares
-    if scheme not in ("sqlite", "postgresql+psycopg"):
-        raise DatabaseConfigError(
-            f"database URL scheme {scheme!r} is not supported; use a file path, sqlite:///PATH or postgresql://..."
-        )
-    return value
-
-
-def sqlite_path(url: str) -> Path | None:
-    """The file behind a SQLite URL, None for other databases (or an in-memory SQLite)."""
-    if not url.startswith("sqlite:///"):
-        return None
-    path = url.removeprefix("sqlite:///")
-    return None if path in ("", ":memory:") else Path(path)
 
 
 def make_engine(url: str) -> Engine:
