@@ -40,6 +40,9 @@ def test_loads_a_checkpoint_sharded_by_transformers(hf_folder: Path, tmp_path: P
     reference.save_pretrained(tmp_path / "sharded", max_shard_size="60KB")
     index = json.loads((tmp_path / "sharded" / INDEX_FILE).read_text())
     assert len(set(index["weight_map"].values())) > 2
+    # The experts of one layer straddle a shard boundary: the loader must follow them into the next file.
+    layer_files = {f for key, f in index["weight_map"].items() if key.startswith("model.layers.1.mlp.experts.")}
+    assert len(layer_files) > 1
     _assert_same_parameters(xtrain.load_hf(tmp_path / "sharded"), xtrain.load_hf(hf_folder))
 
 
@@ -138,6 +141,13 @@ def test_unexpected_key_is_named(hf_folder: Path, tmp_path: Path) -> None:
         xtrain.load_hf(folder)
 
 
+def test_unexpected_expert_key_in_an_moe_layer_is_named(hf_folder: Path, tmp_path: Path) -> None:
+    folder = _copy_folder(hf_folder, tmp_path / "extra_expert")
+    _rewrite_weights(folder, {"model.layers.2.mlp.experts.8.up_proj.weight": torch.zeros(32, 64)})
+    with pytest.raises(CheckpointError, match=r"holds the key 'model\.layers\.2\.mlp\.experts\.8\.up_proj\.weight'"):
+        xtrain.load_hf(folder)
+
+
 @pytest.mark.parametrize(
     "key", ["model.layers.2.self_attn.k_proj.weight", "model.layers.1.mlp.experts.3.down_proj.weight"]
 )
@@ -158,3 +168,12 @@ def test_unreadable_weights_file_is_named(hf_folder: Path, tmp_path: Path) -> No
 
 def test_errors_are_value_errors() -> None:
     assert issubclass(CheckpointError, ValueError)
+
+
+def test_loads_the_fused_expert_layout_too(hf_folder: Path, tmp_path: Path) -> None:
+    """transformers 5 can also write its in-memory layout (experts.gate_up_proj [E, 2F, D]); accept it."""
+    reference = build_reference(MOE, seed=3)
+    reference.save_pretrained(tmp_path / "fused", save_original_format=False)
+    keys = load_file(str(tmp_path / "fused" / "model.safetensors")).keys()
+    assert "model.layers.1.mlp.experts.gate_up_proj" in keys
+    _assert_same_parameters(xtrain.load_hf(tmp_path / "fused"), xtrain.load_hf(hf_folder))
