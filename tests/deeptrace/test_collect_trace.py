@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -280,3 +282,15 @@ def test_any_recorded_spans_read_back_identically(
             )
             expected.append(Span(name, category, start, start + length, track, step, layer, nbytes, group, seq))
     assert _spans(run_dir) == expected
+
+
+def test_spans_of_a_job_that_never_closes_reach_the_file_at_exit(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from deeptrace.collect import Collector\n"
+        "from deeptrace.spans import Category\n"
+        "collector = Collector(sys.argv[1], 0, 1)\n"
+        "collector.record('unflushed', Category.COMPUTE, 1, 2)\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=120)
+    assert [s.name for s in _spans(tmp_path)] == ["unflushed"]

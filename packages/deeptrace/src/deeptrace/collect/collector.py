@@ -18,6 +18,7 @@ failing disk write is reported by a warning and the data dropped.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import threading
 from pathlib import Path
@@ -106,6 +107,9 @@ class Collector:
             self._writer = TraceFileWriter(layout.trace_path(self.run_dir, rank), rank, world_size)
             self._write_clock()
         self._heartbeat = HeartbeatWriter(self.run_dir, self._live, self.clock, heartbeat_interval_s)
+        # A job that ends without close() still gets its buffered spans on disk (the heartbeat stays as it was:
+        # nothing here knows whether the run ended well).
+        atexit.register(self._flush_at_exit)
 
     # ---- recording -------------------------------------------------------------------------------------------
 
@@ -314,6 +318,7 @@ class Collector:
         """
         if self._closed:
             return
+        atexit.unregister(self._flush_at_exit)
         self.flush()
         self._closed = True
         if self._writer is not None:
@@ -330,6 +335,10 @@ class Collector:
         if error is not None:
             self._live.error = error
         self._heartbeat.stop(final_state)
+
+    def _flush_at_exit(self) -> None:
+        if not self._closed and self._writer is not None:
+            self.flush(wait=True)
 
     def __enter__(self) -> Collector:
         return self
