@@ -149,6 +149,16 @@ def test_positions_restart_in_every_document() -> None:
     assert single.cu_seqlens.tolist() == [0, 5]
 
 
+def test_documents_from_host_lengths_equal_those_from_cu_seqlens() -> None:
+    from_lengths = PackedDocuments.from_lengths([3, 1, 4], torch.device("cpu"))
+    from_cu = PackedDocuments.from_cu_seqlens(torch.tensor([0, 3, 4, 8], dtype=torch.int32), 8, torch.device("cpu"))
+    assert from_lengths.lengths == from_cu.lengths
+    assert torch.equal(from_lengths.cu_seqlens, from_cu.cu_seqlens)
+    assert torch.equal(from_lengths.position_ids, from_cu.position_ids)
+    with pytest.raises(ValueError, match="must be positive"):
+        PackedDocuments.from_lengths([3, 0], torch.device("cpu"))
+
+
 @pytest.mark.parametrize(
     ("cu", "message"),
     [

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from xtrain.errors import AttentionBackendError
 from xtrain.model.config import ModelConfig
+from xtrain.model.documents import PackedDocuments
 from xtrain.model.sizes import model_config
 from xtrain.model.transformer import Transformer
 
@@ -81,6 +82,17 @@ def test_documents_in_a_row_do_not_influence_each_other() -> None:
     torch.testing.assert_close(packed[:, 6:], model(second), atol=1e-5, rtol=1e-5)
     # Without the boundary the second document sees the first: the boundary is what keeps them apart.
     assert not torch.allclose(model(torch.cat([first, second], dim=1))[:, 6:], packed[:, 6:], atol=1e-3)
+
+
+def test_documents_can_be_given_prebuilt() -> None:
+    model = _materialised(model_config("debug"), 0)
+    ids_1T = torch.randint(0, 512, (1, 10), generator=torch.Generator().manual_seed(2))
+    docs = PackedDocuments.from_lengths([4, 6], torch.device("cpu"))
+    torch.testing.assert_close(
+        model(ids_1T, documents=docs), model(ids_1T, torch.tensor([0, 4, 10], dtype=torch.int32)), atol=0, rtol=0
+    )
+    with pytest.raises(ValueError, match="documents must cover the row's 10 tokens"):
+        model(ids_1T, documents=PackedDocuments.from_lengths([4], torch.device("cpu")))
 
 
 def test_attention_backend_is_reported_and_an_impossible_one_refused() -> None:

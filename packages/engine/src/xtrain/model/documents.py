@@ -3,10 +3,13 @@
 A batch is one row of T tokens holding several documents back to back; ``cu_seqlens`` (int32 [N+1]) gives their
 boundaries (0, end of doc 0, end of doc 1, ..., T). Attention never crosses a boundary and rotary positions
 restart at 0 in each document. The lengths are read to the host once per forward (one device sync), because
-the per-document attention path and the flash kernels both need them as Python ints.
+the per-document attention path and the flash kernels both need them as Python ints; a caller that knows the
+lengths on the host already (the packer) builds :meth:`PackedDocuments.from_lengths` and passes it to the model
+instead, which avoids the sync.
 """
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +36,15 @@ class PackedDocuments:
         return sum(self.lengths)
 
     @classmethod
+    def from_lengths(cls, lengths: Sequence[int], device: torch.device) -> "PackedDocuments":
+        """From host-side document lengths (what a packer knows anyway): no device sync at all."""
+        as_tuple = tuple(int(length) for length in lengths)
+        if not as_tuple or min(as_tuple) <= 0:
+            raise ValueError(f"document lengths must be positive and at least one, got {list(as_tuple)}")
+        bounds = [0, *itertools.accumulate(as_tuple)]
+        return cls._build(torch.tensor(bounds, dtype=torch.int32, device=device), as_tuple, device)
+
+    @classmethod
     def from_cu_seqlens(cls, cu_seqlens: Tensor | None, num_tokens: int, device: torch.device) -> "PackedDocuments":
         """Validate ``cu_seqlens`` against a row of ``num_tokens`` tokens (None means a single document)."""
         if num_tokens <= 0:
@@ -56,6 +68,11 @@ class PackedDocuments:
             if min(lengths) <= 0:
                 raise ValueError(f"cu_seqlens must be strictly increasing (no empty documents), got {bounds}")
             cu = cu_seqlens.to(device=device, dtype=torch.int32)
+        return cls._build(cu, lengths, device)
+
+    @classmethod
+    def _build(cls, cu: Tensor, lengths: tuple[int, ...], device: torch.device) -> "PackedDocuments":
+        num_tokens = sum(lengths)
         starts = torch.repeat_interleave(
             cu[:-1].to(torch.int64), torch.tensor(lengths, device=device), output_size=num_tokens
         )

@@ -116,15 +116,29 @@ class Transformer(nn.Module):
         weight = self.embed_tokens.weight
         return _resolve_backend(self.config.attention_backend, weight.device, weight.dtype)
 
-    def forward_hidden(self, input_ids_1T: Tensor, cu_seqlens: Tensor | None = None) -> ModelOutput:
-        """Hidden states [1, T, D] after the final norm, and the router statistics of every MoE layer."""
+    def forward_hidden(
+        self, input_ids_1T: Tensor, cu_seqlens: Tensor | None = None, *, documents: PackedDocuments | None = None
+    ) -> ModelOutput:
+        """Hidden states [1, T, D] after the final norm, and the router statistics of every MoE layer.
+
+        The documents of the row are given by ``cu_seqlens`` (int32 [N+1]; None: one document), or by an already
+        built ``documents`` (no device-to-host sync for reading the lengths).
+        """
         if input_ids_1T.dim() != 2 or input_ids_1T.shape[0] != 1:
             raise ValueError(
                 f"input_ids must be one packed row of shape [1, T], got {tuple(input_ids_1T.shape)}; "
                 "pack several documents into the row and pass their boundaries as cu_seqlens"
             )
         ids_T = input_ids_1T[0]
-        docs = PackedDocuments.from_cu_seqlens(cu_seqlens, ids_T.shape[0], ids_T.device)
+        if documents is not None:
+            if cu_seqlens is not None or documents.num_tokens != ids_T.shape[0]:
+                raise ValueError(
+                    f"pass either cu_seqlens or documents, and documents must cover the row's {ids_T.shape[0]} "
+                    f"tokens (it covers {documents.num_tokens})"
+                )
+            docs = documents
+        else:
+            docs = PackedDocuments.from_cu_seqlens(cu_seqlens, ids_T.shape[0], ids_T.device)
         x_TD = self.embed_tokens(ids_T)
         attend = attention_function(_resolve_backend(self.config.attention_backend, x_TD.device, x_TD.dtype))
         rotary = rotary_cos_sin(docs.position_ids, self.config.head_dim, self.config.rope_theta, x_TD.dtype)
@@ -135,9 +149,11 @@ class Transformer(nn.Module):
                 router_stats.append(stats)
         return ModelOutput(hidden=self.norm(x_TD).unsqueeze(0), router_stats=router_stats)
 
-    def forward(self, input_ids_1T: Tensor, cu_seqlens: Tensor | None = None) -> Tensor:
+    def forward(
+        self, input_ids_1T: Tensor, cu_seqlens: Tensor | None = None, *, documents: PackedDocuments | None = None
+    ) -> Tensor:
         """Logits [1, T, V] of the packed row (materialises them all: use forward_hidden for long rows)."""
-        hidden_1TD = self.forward_hidden(input_ids_1T, cu_seqlens).hidden
+        hidden_1TD = self.forward_hidden(input_ids_1T, cu_seqlens, documents=documents).hidden
         return F.linear(hidden_1TD, self.output_projection_weight)
 
     @torch.no_grad()
