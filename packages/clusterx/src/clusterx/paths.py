@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import zlib
 from pathlib import Path
 
 from clusterx.errors import DatabaseConfigError
@@ -49,3 +50,10 @@ def sqlite_path(url: str) -> Path | None:
         return None
     path = url.removeprefix("sqlite:///")
     return None if path in ("", ":memory:") else Path(path)
+
+
+def lock_path(url: str) -> Path:
+    # Parsing the URL through clusterx.db.engine would import SQLAlchemy; a prefix test is enough here.
+    if url.startswith("sqlite:///"):
+        return Path(url.removeprefix("sqlite:///") + ".daemon.lock")
+    return default_data_dir() / f"daemon-{zlib.crc32(url.encode()):08x}.lock"

@@ -11,20 +11,14 @@ import signal
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 
 from clusterx.errors import BackendError
-from clusterx.paths import default_data_dir
+from clusterx.paths import lock_path
+
+__all__ = ["daemon_pid", "lock_path", "log_path", "start_daemon", "stop_daemon"]
 
 START_TIMEOUT_S = 15.0
-
-
-def lock_path(url: str) -> Path:
-    # Parsing the URL through clusterx.db.engine would import SQLAlchemy; a prefix test is enough here.
-    if url.startswith("sqlite:///"):
-        return Path(url.removeprefix("sqlite:///") + ".daemon.lock")
-    return default_data_dir() / f"daemon-{zlib.crc32(url.encode()):08x}.lock"
 
 
 def log_path(url: str) -> Path:

@@ -20,7 +20,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from clusterx.daemon.control import lock_path
+from clusterx.paths import lock_path
 
 UNIX_PATH_MAX = 100  # sun_path holds 108 bytes on Linux; keep a margin
 
