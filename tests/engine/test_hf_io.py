@@ -57,6 +57,11 @@ def test_save_hf_shards_above_the_threshold_and_reads_back(hf_folder: Path, tmp_
     assert set(index["weight_map"].values()) == {s.name for s in shards}
     assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in to_hf_state(model).values())
     _assert_same_parameters(xtrain.load_hf(tmp_path / "out"), model)
+    # Saving again, unsharded, into the same folder replaces the shards and the index instead of mixing them.
+    xtrain.save_hf(model, tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
+    _assert_same_parameters(xtrain.load_hf(tmp_path / "out"), model)
+    xtrain.save_hf(model, tmp_path / "out", max_shard_bytes=50_000)
     # transformers reads the same sharded folder into the same weights.
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", experts_implementation="eager")
     original = AutoModelForCausalLM.from_pretrained(hf_folder, experts_implementation="eager")

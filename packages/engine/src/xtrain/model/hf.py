@@ -114,7 +114,9 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | 
 def save_hf(model: Transformer, path: str | Path, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
     """Write ``model`` as an HF folder (config.json + safetensors) that transformers' from_pretrained loads.
 
-    Above ``max_shard_bytes`` the weights are split into model-0000i-of-0000N.safetensors with an index.
+    Above ``max_shard_bytes`` the weights are split into model-0000i-of-0000N.safetensors with an index. Each
+    shard is written as soon as it is full, so the host holds at most one shard of copies (one layer is
+    converted at a time). Weights files of an earlier checkpoint in the folder are replaced.
     """
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
@@ -123,30 +125,40 @@ def save_hf(model: Transformer, path: str | Path, max_shard_bytes: int = DEFAULT
     except ConfigError as error:
         raise CheckpointError(f"cannot write {folder / CONFIG_FILE}: {error}") from None
     hf_config["dtype"] = str(model.embed_tokens.weight.dtype).removeprefix("torch.")
-    shards: list[dict[str, Tensor]] = [{}]
-    shard_bytes = 0
-    total_bytes = 0
+    for stale in [folder / SINGLE_WEIGHTS_FILE, folder / INDEX_FILE, *folder.glob("model-*-of-*.safetensors")]:
+        stale.unlink(missing_ok=True)
+
+    # Shards get numbered temporary names first: their count is known only at the end.
+    written: list[tuple[Path, list[str]]] = []
+    pending: dict[str, Tensor] = {}
+    pending_bytes = total_bytes = 0
+
+    def flush() -> None:
+        temporary = folder / f".xtrain-shard-{len(written):05d}.safetensors.tmp"
+        save_file(pending, str(temporary), metadata={"format": "pt"})
+        written.append((temporary, sorted(pending)))
+        pending.clear()
+
     for part in _save_groups(model.config):
         for key, tensor in to_hf_state(model, part).items():
             size = tensor.numel() * tensor.element_size()
-            if shard_bytes and shard_bytes + size > max_shard_bytes:
-                shards.append({})
-                shard_bytes = 0
-            shards[-1][key] = tensor.to("cpu").contiguous()
-            shard_bytes += size
+            if pending and pending_bytes + size > max_shard_bytes:
+                flush()
+                pending_bytes = 0
+            pending[key] = tensor.to("cpu").contiguous()
+            pending_bytes += size
             total_bytes += size
-    names = (
-        [SINGLE_WEIGHTS_FILE]
-        if len(shards) == 1
-        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    )
-    for name, shard in zip(names, shards, strict=True):
-        save_file(shard, str(folder / name), metadata={"format": "pt"})
-    if len(shards) > 1:
-        index = {
-            "metadata": {"total_size": total_bytes},
-            "weight_map": {key: name for name, shard in zip(names, shards, strict=True) for key in sorted(shard)},
-        }
+    flush()
+
+    if len(written) == 1:
+        written[0][0].replace(folder / SINGLE_WEIGHTS_FILE)
+    else:
+        weight_map: dict[str, str] = {}
+        for number, (temporary, keys) in enumerate(written, start=1):
+            name = f"model-{number:05d}-of-{len(written):05d}.safetensors"
+            temporary.replace(folder / name)
+            weight_map.update(dict.fromkeys(keys, name))
+        index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
         (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     (folder / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
 
