@@ -187,6 +187,6 @@ def test_exit_code_file_fallback() -> None:
     assert state is JobState.LOST
     assert reason is not None
     assert "never recorded an end" in reason
-    parsed = parse_status_file("start=100\nnodelist=a[1-2]\nexit=0\nend=110\n")
+    parsed = parse_status_file("start=100\nprocs_per_node=4\nnodelist=a[1-2]\nexit=0\nend=110\n")
     assert parsed.started_at == datetime.fromtimestamp(100, UTC)
-    assert parsed.nodelist == "a[1-2]"
+    assert (parsed.nodelist, parsed.procs_per_node) == ("a[1-2]", 4)

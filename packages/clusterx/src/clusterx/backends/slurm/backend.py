@@ -42,8 +42,8 @@ class SlurmBackend:
         self.options = SlurmOptions.from_maps(self._backend_options)
         self.commands = SlurmCommands(self.options)
         self._sacct_unavailable = self.options.accounting in ("jobcomp", "none")
-        # Rank → host needs procs_per_node, which Slurm does not report: remembered from submit when this
-        # process submitted the job, else one rank per host.
+        # Rank → host needs procs_per_node, which Slurm does not report: the batch script writes it into its
+        # status file; until that exists, what this process submitted, else one rank per host.
         self._procs_per_node: dict[str, int] = {}
 
     # -- rendering ---------------------------------------------------------------------------------------------
@@ -103,18 +103,19 @@ class SlurmBackend:
 
     def _poll_cluster(self, job_ids: list[str], cluster: str | None) -> dict[str, BackendStatus]:
         queued = self.commands.squeue(job_ids, cluster)
+        state_dir = self.options.resolved_state_dir()
         statuses: dict[str, BackendStatus] = {}
         ended: list[str] = []
         for job_id in job_ids:
             record = queued.get(job_id)
             if record is not None and not map_slurm_state(record.raw_state).state.is_terminal:
-                statuses[job_id] = self._status_from_record(job_id, record)
+                status_file = read_status_file(status_file_path(state_dir, job_id)) if record.nodelist else None
+                statuses[job_id] = self._status_from_record(job_id, record, status_file)
             else:
                 ended.append(job_id)  # finished (squeue may still show its end state) or forgotten
         if not ended:
             return statuses
         accounted = self._accounting(ended, cluster)
-        state_dir = self.options.resolved_state_dir()
         for job_id in ended:
             status_file = read_status_file(status_file_path(state_dir, job_id))
             record = accounted.get(job_id) or queued.get(job_id)
@@ -146,9 +147,11 @@ class SlurmBackend:
                 return {}
         return {}
 
-    def _hosts(self, job_id: str, nodelist: str) -> tuple[tuple[str, ...], dict[int, str]]:
+    def _hosts(
+        self, job_id: str, nodelist: str, status_file: StatusFile | None
+    ) -> tuple[tuple[str, ...], dict[int, str]]:
         hosts = expand_hostlist(nodelist)
-        procs = self._procs_per_node.get(job_id, 1)
+        procs = status_file.procs_per_node if status_file else self._procs_per_node.get(job_id, 1)
         return tuple(hosts), dict(rank_to_host(hosts, procs))
 
     def _status_from_record(
@@ -161,7 +164,9 @@ class SlurmBackend:
         state, reason = combine(mapped, exit_status)
         if not state.is_terminal and record.pending_reason and state is JobState.QUEUED:
             reason = f"waiting: {record.pending_reason}"
-        hosts, ranks = self._hosts(job_id, record.nodelist or (status_file.nodelist if status_file else ""))
+        hosts, ranks = self._hosts(
+            job_id, record.nodelist or (status_file.nodelist if status_file else ""), status_file
+        )
         exit_code = exit_status.exit_code if state.is_terminal else None
         if exit_code == 0 and state not in (JobState.SUCCEEDED, JobState.FAILED):
             exit_code = None  # Slurm writes 0:0 for a cancelled or timed-out job: no exit status was seen
@@ -182,7 +187,7 @@ class SlurmBackend:
     def _status_from_file(self, job_id: str, status_file: StatusFile) -> BackendStatus:
         """The last resort: what the batch script itself recorded."""
         state, raw_state, exit_code, reason = _end_from_file(status_file)
-        hosts, ranks = self._hosts(job_id, status_file.nodelist)
+        hosts, ranks = self._hosts(job_id, status_file.nodelist, status_file)
         return BackendStatus(
             backend_job_id=job_id,
             state=state,

@@ -100,6 +100,7 @@ class StatusFile:
     ended_at: datetime | None
     nodelist: str
     time_limit_s: int
+    procs_per_node: int  # ranks per host, for rank → host (Slurm itself does not know torchrun's workers)
     exit_code: int | None  # set when the job's processes ended by themselves
     signal: str | None  # "TERM" when Slurm terminated the script (scancel, time limit, preemption)
     slurm_state: str  # squeue's %T as the script ended ("RUNNING", "COMPLETING", ...), or ""
@@ -119,11 +120,13 @@ def parse_status_file(text: str) -> StatusFile:
     exit_text = values.get("exit", "")
     slurm_state, _, slurm_reason = values.get("slurm", "").partition("|")
     limit_text = values.get("time_limit_s", "0")
+    procs_text = values.get("procs_per_node", "1")
     return StatusFile(
         started_at=_epoch(values.get("start")),
         ended_at=_epoch(values.get("end")),
         nodelist=values.get("nodelist", ""),
         time_limit_s=int(limit_text) if limit_text.isdigit() else 0,
+        procs_per_node=int(procs_text) if procs_text.isdigit() and int(procs_text) > 0 else 1,
         exit_code=int(exit_text) if exit_text.isdigit() else None,
         signal=values.get("signal") or None,
         slurm_state=slurm_state,

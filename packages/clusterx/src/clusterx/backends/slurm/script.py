@@ -192,7 +192,7 @@ def render_sbatch_script(
         f'__cx_status_file={shlex.quote(str(state_dir))}/"$SLURM_JOB_ID".status',
         "__cx_start=$(date +%s)",
         "__cx_record() {  # rewrite the whole file and rename it into place: a reader never sees half of it",
-        f'  printf \'%s\\n\' "start=$__cx_start" "time_limit_s={time_limit_s}" '
+        f'  printf \'%s\\n\' "start=$__cx_start" "time_limit_s={time_limit_s}" "procs_per_node={spec.procs_per_node}" '
         '"nodelist=$SLURM_JOB_NODELIST" "$@" >"$__cx_status_file.tmp" &&',
         '    mv -f -- "$__cx_status_file.tmp" "$__cx_status_file"',
         "}",
