@@ -167,7 +167,7 @@ def test_queue_order_is_priority_then_submission(store: JobStore) -> None:
     for key, priority in [("q1", 0), ("q2", 5), ("q3", 0), ("q4", 5)]:
         job, _ = store.insert_job(_job(key, backend="local", priority=priority), source="t", message="new")
         store.apply(job.id, "t", "queued", JobState.QUEUED)
-    order = [store.get(q.id).submit_key for q in store.queued("local")]
+    order = [store.get(q.id).submit_key for q in list(store.queued("local"))]
     assert order == ["q2", "q4", "q1", "q3"]
 
 

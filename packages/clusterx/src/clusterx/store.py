@@ -8,7 +8,7 @@ QUEUED with the next attempt number (the job stays live between attempts; only t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -23,6 +23,21 @@ from clusterx.errors import JobNotFoundError
 from clusterx.states import JobState, may_transition
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Resources of one machine (or what is left of them)."""
+
+    cpus: int
+    mem_mib: int
+    gpus: int
+
+    def fits(self, cpus: int, mem_mib: int, gpus: int) -> bool:
+        return cpus <= self.cpus and mem_mib <= self.mem_mib and gpus <= self.gpus
+
+    def minus(self, cpus: int, mem_mib: int, gpus: int) -> Capacity:
+        return Capacity(self.cpus - cpus, self.mem_mib - mem_mib, self.gpus - gpus)
 
 
 @dataclass(frozen=True)
@@ -133,8 +148,11 @@ class JobStore:
         query = select(Attempt).where(Attempt.job_id == job_id, Attempt.attempt == attempt)
         return self.read(lambda s: s.execute(query).scalar_one_or_none())
 
-    def queued(self, backend: str, host: str | None = None) -> list[QueuedJob]:
-        """Queued jobs in scheduling order: highest priority first, then submission order."""
+    def queued(
+        self, backend: str, host: str | None = None, fits: Capacity | None = None
+    ) -> Generator[QueuedJob, None, None]:
+        """Queued jobs in scheduling order (highest priority first, then submission order), read as they are
+        consumed, so that a pass that stops early reads little. `fits` leaves out jobs larger than it."""
         query = (
             select(Job.id, Job.priority, Job.cpus, Job.gpus, Job.mem_mib)
             .where(Job.state == JobState.QUEUED.value, Job.backend == backend, Job.cancel_requested.is_(False))
@@ -142,8 +160,11 @@ class JobStore:
         )
         if host is not None:
             query = query.where(Job.submit_host == host)
+        if fits is not None:
+            query = query.where(Job.cpus <= fits.cpus, Job.gpus <= fits.gpus, Job.mem_mib <= fits.mem_mib)
         with self.engine.connect() as connection:
-            return [QueuedJob(*row) for row in connection.execute(query)]
+            for row in connection.execution_options(yield_per=256).execute(query):
+                yield QueuedJob(*row)
 
     # -- changing -----------------------------------------------------------------------------------------------
     def apply(

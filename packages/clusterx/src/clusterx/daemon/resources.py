@@ -3,24 +3,13 @@ or no driver — quietly, since that is the normal case on a CPU machine)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import psutil
 
+from clusterx.store import Capacity
+
+__all__ = ["Capacity", "gpu_indices", "machine_capacity"]
+
 MIB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Capacity:
-    cpus: int
-    mem_mib: int
-    gpus: int
-
-    def fits(self, cpus: int, mem_mib: int, gpus: int) -> bool:
-        return cpus <= self.cpus and mem_mib <= self.mem_mib and gpus <= self.gpus
-
-    def minus(self, cpus: int, mem_mib: int, gpus: int) -> Capacity:
-        return Capacity(self.cpus - cpus, self.mem_mib - mem_mib, self.gpus - gpus)
 
 
 def gpu_indices() -> list[int]:

@@ -7,14 +7,15 @@ backfill is that a large job can wait while small ones keep arriving; priorities
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 from clusterx.daemon.resources import Capacity
 from clusterx.store import QueuedJob
 
 
-def choose_jobs(queued: Sequence[QueuedJob], free: Capacity) -> list[QueuedJob]:
-    """The jobs to start, in the order given (the caller orders by priority, then id)."""
+def choose_jobs(queued: Iterable[QueuedJob], free: Capacity) -> list[QueuedJob]:
+    """The jobs to start, in the order given (the caller orders by priority, then id). Stops reading the
+    queue once no CPU core is left."""
     chosen = []
     for job in queued:
         if free.cpus <= 0 and job.cpus > 0:

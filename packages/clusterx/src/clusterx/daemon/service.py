@@ -123,7 +123,9 @@ class Daemon:
         if free.cpus <= 0:
             return 0
         started = 0
-        for queued in choose_jobs(self.store.queued("local", self.host), free):
+        with contextlib.closing(self.store.queued("local", self.host, fits=free)) as queue:
+            chosen = choose_jobs(queue, free)
+        for queued in chosen:
             if self.store.claim(queued.id, SOURCE):
                 self.start(queued.id)
                 started += 1
