@@ -101,11 +101,9 @@ def test_wait_exit_status_follows_the_end_state(slurm_cluster: SlurmCluster, tmp
     logs = cli.run("logs", str(failing))
     assert logs.stdout == "about to fail\n", logs.stderr
 
-    assert cli.run("wait", str(sleeping), "--timeout", "1").returncode == 124  # still live
     cancelled = cli.run("cancel", str(sleeping))
     assert cancelled.returncode == 0, cancelled.stderr
     assert cli.run("wait", str(sleeping)).returncode == 2  # CANCELLED
-    assert cli.run("cancel", str(sleeping)).returncode == 0  # idempotent
 
 
 def test_dryrun_prints_the_sbatch_script_and_stores_nothing(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
