@@ -83,6 +83,7 @@ def test_merge_writes_one_process_per_rank_with_corrected_clocks(straggler_dir: 
     out = tmp_path / "o"
     assert run(str(straggler_dir), "--merge", "-o", str(out), "--no-png").exit_code == 0
     merged = json.loads((out / "merged_trace.json").read_text())
+    assert merged["otherData"]["clock_offsets_ns"]["2"] == pytest.approx(50_000_000, abs=1000)
     events = merged["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     assert names == {0: "rank 0", 1: "rank 1", 2: "rank 2"}

@@ -14,6 +14,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from deeptrace.analysis.collectives import SkewResult
+from deeptrace.analysis.table import NO_STEP
 
 NS_PER_MS = 1e6
 
@@ -48,7 +49,7 @@ def straggler_verdict(skew: SkewResult, config: StragglerConfig | None = None) -
         )
         return base
     threshold = config.min_last_share if config.min_last_share is not None else 0.5 + 0.5 / len(ranks)
-    steps_with_waiting = {s: c for s, c in skew.caused_by_step.items() if c and max(c.values()) > 0}
+    steps_with_waiting = {s: c for s, c in skew.caused_by_step.items() if s != NO_STEP and c and max(c.values()) > 0}
     culprits: list[dict[str, Any]] = []
     for rank in ranks:
         a = skew.per_rank[rank]

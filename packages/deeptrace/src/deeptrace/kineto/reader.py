@@ -55,6 +55,7 @@ class _Collected:
         self.launch_corr, self.launch_ts = array("q"), array("q")
         self.steps: list[tuple[int, int, int]] = []  # (step number, start ns, end ns) of ProfilerStep CPU spans
         self.unclassified: Counter[str] = Counter()
+        self._track_of: dict[tuple[Any, Any], int] = {}
 
     def add(self, event: dict[str, Any]) -> None:
         cat = event.get("cat")
@@ -83,7 +84,11 @@ class _Collected:
         self.start.append(start)
         self.end.append(start + _ns(event.get("dur", 0)))
         self.category.append(CODE[category])
-        self.track.append(self.tracks(f"gpu {args.get('device', '?')} stream {args.get('stream', '?')}"))
+        where = (args.get("device"), args.get("stream"))
+        track = self._track_of.get(where)
+        if track is None:
+            track = self._track_of[where] = self.tracks(f"gpu {where[0]} stream {where[1]}")
+        self.track.append(track)
         self.name.append(self.names(name))
         self.correlation.append(int(args.get("correlation", -1)))
         if category is Category.COMM:

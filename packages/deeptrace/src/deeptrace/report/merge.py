@@ -1,7 +1,7 @@
 """merged_trace.json: one Chrome/Perfetto trace of all ranks, one process per rank, clocks corrected.
 
 Written incrementally (one rank at a time), so the file can be larger than memory. Times are microseconds since
-the earliest corrected event; `deeptrace.origin_unix_ns` in the metadata gives that origin as wall time.
+the earliest corrected event; `otherData.origin_unix_ns` gives that origin as wall time.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ def write_merged_trace(ranks: dict[int, RankResult], offsets_ns: dict[int, int],
     )  # fmt: skip
     count = 0
     with path.open("wb") as out:
-        out.write(b'{"displayTimeUnit": "ms", "deeptrace": ')
+        # "otherData" is the Chrome trace format's place for metadata; viewers ignore it.
+        out.write(b'{"displayTimeUnit": "ms", "otherData": ')
         out.write(
             orjson.dumps({"origin_unix_ns": origin, "clock_offsets_ns": {str(k): v for k, v in offsets_ns.items()}})
         )
