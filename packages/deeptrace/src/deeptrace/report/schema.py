@@ -17,6 +17,7 @@ from deeptrace.analysis.run import RunAnalysis
 SCHEMA = "deeptrace.report"
 SCHEMA_VERSION = 1
 NS_PER_MS = 1e6
+PER_COLLECTIVE_CAP = 2000
 PARTS = ("compute", "exposed_comm", "memory", "other", "idle")
 
 
@@ -77,6 +78,16 @@ def build_report(analysis: RunAnalysis) -> dict[str, Any]:
                 "p95": _round(float(np.percentile(skew_ms, 95))) if skew_ms.size else None,
                 "max": _round(float(skew_ms.max())) if skew_ms.size else None,
             },
+            # Every matched collective in time order (capped: report.json stays small on long runs).
+            "per_collective": [
+                {
+                    "skew_ms": _round(float(skew_ms[i])),
+                    "last_rank": analysis.skew.last_rank[i],
+                    **analysis.skew.labels[i],
+                }
+                for i in range(min(skew_ms.size, PER_COLLECTIVE_CAP))
+            ],
+            "per_collective_truncated": bool(skew_ms.size > PER_COLLECTIVE_CAP),
             "worst": [
                 {
                     "skew_ms": _round(float(skew_ms[i])),
