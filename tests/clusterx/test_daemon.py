@@ -189,3 +189,21 @@ def _zombie(pid: int) -> bool:
         return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return True
+
+
+def test_cancel_recorded_while_the_daemon_was_down_is_carried_out(client: Client, tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    record = client.submit(sh(f"touch {marker}; sleep 300"))
+    wait_until(marker.exists)
+    wait_until(lambda: client.describe(record["id"])["state"] == "RUNNING")
+    url = client.url
+    old = daemon_pid(url)
+    assert old is not None
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: daemon_pid(url) is None)
+    client.store.request_cancel(record["id"], "test")  # as a cancel that reached only the database
+    start_daemon(url)
+    done = client.wait(record["id"], timeout_s=60)
+    assert done["state"] == "CANCELLED"
+    pid = done["attempts"][0]["pid"]
+    wait_until(lambda: not psutil.pid_exists(pid) or _zombie(pid))

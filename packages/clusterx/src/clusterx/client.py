@@ -198,6 +198,8 @@ class Client:
             if is_pollable(backend) and job.backend_job_id:
                 backend.cancel(job.backend_job_id)
             result[job.id] = self.store.request_cancel(job.id, f"client:{self.user}")
+            if job.backend == "local" and not result[job.id].is_terminal:
+                self._ensure_daemon()  # the daemon acts on the cancel flag: make sure one runs
         return result
 
     def retry(self, job_id: int) -> dict[str, Any]:
@@ -224,6 +226,8 @@ class Client:
         return attempt_dir(job.run_dir, job.attempt) / f"{stream}.log"
 
     def is_live(self, job_id: int) -> bool:
+        """True while the job has not ended (asks polled backends first, rate-limited)."""
+        self.reconcile()
         return not JobState(self.store.get(job_id).state).is_terminal
 
     # -- polling backends ---------------------------------------------------------------------------------------

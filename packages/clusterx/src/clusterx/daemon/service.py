@@ -303,13 +303,14 @@ class Daemon:
             directory=directory,
             adopted=True,
         )
-        if job.cancel_requested:
-            t.kill_reason = "cancel"
         if pid is not None and start_time is not None and same_process_alive(pid, start_time):
+            # A cancel asked for meanwhile is carried out by the next check_cancels.
             self.tracked[job.id] = t
             self.store.note(job.id, SOURCE, f"adopted running pid {pid} after a daemon restart")
             log.info("job %d: adopted pid %d", job.id, pid)
             return
+        if job.cancel_requested:
+            t.kill_reason = "cancel"  # it ended after its user asked for the cancel: CANCELLED
         recorded = read_exit_file(directory)
         if recorded is None and t.kill_reason is None:
             reason = (
