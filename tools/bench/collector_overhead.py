@@ -29,9 +29,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from deeptrace.collect import Collector
-from deeptrace.spans import Category
+if TYPE_CHECKING:  # imported in main(), after BLAS is limited to one thread (deeptrace loads numpy)
+    from deeptrace.collect import Collector
+    from deeptrace.spans import Category
 
 TOKENS, HIDDEN, EXPERT_HIDDEN = 128, 256, 256
 
@@ -47,7 +49,8 @@ class Op:
 
 
 def build_step(layers: int, seed: int = 0) -> list[Op]:
-    import numpy as np  # here, after main() limited BLAS to one thread
+    import numpy as np
+    from deeptrace.spans import Category
 
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((TOKENS, HIDDEN), dtype=np.float32)
@@ -110,6 +113,9 @@ def ns_per_span(run_dir: Path, count: int = 200_000) -> float:
     """CPU cost of one span, all of it: recording empty spans and collectives (half each) in a tight loop, then
     packing and writing them (the writer thread's work, waited for), divided by the count. Measured in process CPU
     time so that other processes on the machine do not inflate it."""
+    from deeptrace.collect import Collector
+    from deeptrace.spans import Category
+
     collector = Collector(run_dir, 0, 1, heartbeat_interval_s=None, buffer_spans=count + 1)
     collector.step_begin(0)
     start = time.process_time_ns()
@@ -135,6 +141,8 @@ def main() -> None:
     # One BLAS thread (set before numpy loads): a stable step time, and a fair share of a shared machine.
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
+    from deeptrace.collect import Collector
+
     ops = build_step(args.layers)
     with tempfile.TemporaryDirectory() as tmp:
         collector = Collector(Path(tmp) / "run", 0, 1)

@@ -19,7 +19,6 @@ failing disk write is reported by a warning and the data dropped.
 from __future__ import annotations
 
 import atexit
-import itertools
 import threading
 from pathlib import Path
 from time import monotonic_ns
@@ -27,16 +26,15 @@ from types import TracebackType
 
 from deeptrace.collect import trace_format as fmt
 from deeptrace.collect.contexts import (
-    NO_STRING,
-    NONE_I32,
-    NONE_I64,
+    KNOWN_CATEGORIES,
     CollectiveContext,
-    Record,
+    RawSpan,
     SpanContext,
-    ThreadTracks,
+    ThreadState,
+    unknown_category,
 )
 from deeptrace.collect.heartbeat import HeartbeatWriter, LiveHeartbeat
-from deeptrace.collect.trace_writer import TraceFileWriter
+from deeptrace.collect.trace_writer import BufferItem, TraceFileWriter
 from deeptrace.rundir import layout
 from deeptrace.rundir.jsonio import dumps, write_atomically
 from deeptrace.rundir.records import ClockRef, HeartbeatState, RankClock
@@ -76,24 +74,18 @@ class Collector:
         self.rank = rank
         self.world_size = world_size
         self.trace = trace
-        self._buffer: list[Record] = []
+        self._buffer: list[BufferItem] = []
         self._buffer_limit = max(1, buffer_spans)
-        self._ids: dict[str, int] = {}
-        self._new_strings: list[tuple[int, str]] = []
-        self._id_counter = itertools.count()
-        self._intern_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._next_seq: dict[str, int] = {}
         self._step: int | None = None
-        self._step_code = NONE_I64  # the current step as stored in records
         self._step_start_ns: int | None = None
         self._closed = False
         host, pid = process_identity()
         self._live = LiveHeartbeat(rank=rank, world_size=world_size, host=host, pid=pid)
         # Per-thread state lives in a threading.local: it dies with its thread, while thread idents get reused.
         self._local = threading.local()
-        self._local.tracks = ThreadTracks("main", self._live.open_spans)
-        self._code_of: dict[str, int] = {str(c): code for c, code in fmt.CATEGORY_CODES.items()}
+        self._local.state = ThreadState("main", self._live.open_spans)
 
         self.clock = ClockRef.measure()
         self._live.last_event_ns = self.clock.mono_ns
@@ -126,14 +118,7 @@ class Collector:
 
         `step` defaults to the step begun last.
         """
-        return SpanContext(
-            self,
-            name,
-            category,
-            self._step_code if step is None else step,
-            NONE_I32 if layer is None else layer,
-            NONE_I64 if nbytes is None else nbytes,
-        )
+        return SpanContext(self, name, category, self._step if step is None else step, layer, nbytes)
 
     def collective(
         self,
@@ -149,14 +134,7 @@ class Collector:
         Every rank of a group calls its collectives in the same order, so (group, seq) names the same collective
         on every rank: that is how the analysis matches them and how the hang diagnosis finds who never arrived.
         """
-        return CollectiveContext(
-            self,
-            name,
-            group,
-            seq,
-            self._step_code if step is None else step,
-            NONE_I64 if nbytes is None else nbytes,
-        )
+        return CollectiveContext(self, name, group, seq, self._step if step is None else step, nbytes)
 
     def record(
         self,
@@ -176,31 +154,19 @@ class Collector:
 
         `track` names where it ran (a CUDA stream, say); by default the calling thread's track at its current depth.
         """
+        if category not in KNOWN_CATEGORIES:
+            raise unknown_category(category)
         if track is None:
             thread = self._thread()
-            track_id = self._track_id(thread, len(thread.stack))
-        else:
-            track_id = self._intern(track)
+            depth = len(thread.stack)
+            track = thread.base if depth == 0 else f"{thread.base}/{depth}"
         self._append(
-            (
-                fmt.TAG_SPAN,
-                self._category_code(category),
-                self._intern(name),
-                track_id,
-                NO_STRING if group is None else self._intern(group),
-                start_ns,
-                end_ns,
-                self._step_code if step is None else step,
-                NONE_I32 if layer is None else layer,
-                NONE_I64 if seq is None else seq,
-                NONE_I64 if nbytes is None else nbytes,
-            )
+            (name, category, start_ns, end_ns, track, self._step if step is None else step, layer, nbytes, group, seq)
         )
 
     def step_begin(self, step: int) -> None:
         now = monotonic_ns()
         self._step = step
-        self._step_code = step
         self._step_start_ns = now
         self._live.step = step
         self._live.last_event_ns = now
@@ -209,21 +175,8 @@ class Collector:
         """Close the step: record its window, write the buffered spans, and have the heartbeat rewritten."""
         now = monotonic_ns()
         if self._step_start_ns is not None and self._step == step:
-            self._append(
-                (
-                    fmt.TAG_SPAN,
-                    fmt.CATEGORY_CODES[Category.OTHER],
-                    self._intern(fmt.STEP_SPAN_NAME),
-                    self._intern(fmt.STEP_TRACK),
-                    NO_STRING,
-                    self._step_start_ns,
-                    now,
-                    step,
-                    NONE_I32,
-                    NONE_I64,
-                    NONE_I64,
-                )
-            )
+            start = self._step_start_ns
+            self._append((fmt.STEP_SPAN_NAME, Category.OTHER, start, now, fmt.STEP_TRACK, step, None, None, None, None))
         self._step_start_ns = None
         self._live.step_done = step
         self._live.last_event_ns = now
@@ -232,61 +185,32 @@ class Collector:
 
     # ---- internals of the hot path ----------------------------------------------------------------------------
 
-    def _append(self, record: Record) -> None:
+    def _append(self, item: RawSpan) -> None:
         buffer = self._buffer
-        buffer.append(record)
+        buffer.append(item)
         if len(buffer) >= self._buffer_limit:
             self.flush()
 
-    def _intern(self, text: str) -> int:
-        string_id = self._ids.get(text)
-        if string_id is None:
-            with self._intern_lock:
-                string_id = self._ids.get(text)
-                if string_id is None:
-                    string_id = next(self._id_counter)
-                    # Defined (queued for the file) before any span can use it: flush writes strings first.
-                    self._new_strings.append((string_id, text))
-                    self._ids[text] = string_id
-        return string_id
-
-    def _category_code(self, category: Category) -> int:
-        code = self._code_of.get(category)
-        if code is None:
-            raise ValueError(f"unknown span category {category!r}: use one of {[str(c) for c in Category]}")
-        return code
-
-    def _thread(self) -> ThreadTracks:
+    def _thread(self) -> ThreadState:
         try:
-            thread: ThreadTracks = self._local.tracks
+            thread: ThreadState = self._local.state
         except AttributeError:
-            thread = self._local.tracks = ThreadTracks(threading.current_thread().name, [])
+            thread = self._local.state = ThreadState(threading.current_thread().name, [])
         return thread
-
-    def _track_id(self, thread: ThreadTracks, depth: int) -> int:
-        tracks = thread.tracks
-        while len(tracks) <= depth:
-            level = len(tracks)
-            tracks.append(self._intern(thread.base if level == 0 else f"{thread.base}/{level}"))
-        return tracks[depth]
 
     # ---- writing ----------------------------------------------------------------------------------------------
 
     def flush(self, *, wait: bool = False) -> None:
-        """Hand the buffered spans (and the strings they use) to the writer thread; `wait`: until on disk."""
+        """Hand the buffered spans to the writer thread; `wait`: return once they are on disk."""
         with self._flush_lock:
             buffer = self._buffer
             count = len(buffer)  # spans appended after this point stay for the next flush
-            records = buffer[:count]
+            items = buffer[:count]
             del buffer[:count]
-            strings = self._new_strings
-            n_strings = len(strings)  # read after the spans: every string those spans use is included
-            new = strings[:n_strings]
-            del strings[:n_strings]
             if self._writer is None or self._closed:
                 return
-            if records or new:
-                self._writer.submit((new, records))
+            if items:
+                self._writer.submit(items)
         if wait:
             self._writer.wait()
 

@@ -1,7 +1,9 @@
 """The hot path of the collector: the objects behind `with collector.span(...)` and `with collector.collective(...)`.
 
-Every line here runs once or twice per span, so lookups are inlined and records are built already encoded for
-the file (a tuple `pack(*record)` writes as is; missing values already replaced by their sentinels).
+Every line here runs once or twice per span, between the training code's own work, with cold caches, so it does
+the least that must happen at once: take the time, keep the nesting (and the heartbeat) right, append the
+finished context object itself to the collector's buffer. Turning it into a file record (string ids, tracks,
+packing) is the writer thread's job (`trace_writer.SpanEncoder`).
 """
 
 from __future__ import annotations
@@ -15,89 +17,70 @@ from deeptrace.spans import Category
 if TYPE_CHECKING:
     from deeptrace.collect.collector import Collector
 
-# (tag, category code, name id, track id, group id, start ns, end ns, step, layer, seq, nbytes): fmt.SPAN's fields
-Record = tuple[int, int, int, int, int, int, int, int, int, int, int]
+# A span timed elsewhere (Collector.record, step windows):
+# (name, category, start ns, end ns, track, step, layer, nbytes, group, seq)
+RawSpan = tuple[str, Category, int, int, str, int | None, int | None, int | None, str | None, int | None]
 
-TAG = fmt.TAG_SPAN
-NONE_I32 = fmt.NONE_I32
-NONE_I64 = fmt.NONE_I64
-NO_STRING = fmt.NO_STRING
-COMM_CODE = fmt.CATEGORY_CODES[Category.COMM]
+KNOWN_CATEGORIES = frozenset(fmt.CATEGORY_CODES)
 
 
-class ThreadTracks:
-    """Per thread: its stack of open spans (nesting, heartbeat) and its track ids by nesting depth."""
+def unknown_category(category: object) -> ValueError:
+    return ValueError(f"unknown span category {category!r}: use one of {[str(c) for c in Category]}")
 
-    __slots__ = ("base", "stack", "tracks")
+
+class ThreadState:
+    """Per thread: its name as a track and its stack of open spans (nesting depth, heartbeat)."""
+
+    __slots__ = ("base", "stack")
 
     def __init__(self, base: str, stack: list[Any]) -> None:
         self.base = base
         self.stack = stack
-        self.tracks: list[int] = []
 
 
 class SpanContext:
-    """`with collector.span(...)`: times the block and records it as one span."""
+    """`with collector.span(...)`: times the block; the finished object is the buffered span."""
 
-    __slots__ = ("_collector", "_thread", "category", "code", "layer", "name", "name_id", "nbytes", "start_ns", "step")
+    __slots__ = ("category", "collector", "depth", "end_ns", "layer", "name", "nbytes", "start_ns", "step", "thread")
 
     # Positional on purpose: keyword passing costs a noticeable share of a span.
     def __init__(  # noqa: PLR0917
-        self, collector: Collector, name: str, category: Category, step: int, layer: int, nbytes: int
+        self,
+        collector: Collector,
+        name: str,
+        category: Category,
+        step: int | None,
+        layer: int | None,
+        nbytes: int | None,
     ) -> None:
-        self._collector = collector
+        if category not in KNOWN_CATEGORIES:
+            raise unknown_category(category)
+        self.collector = collector
         self.name = name
-        # Inlined lookups for the common case (a known name): a method call costs as much as the rest of a span.
-        name_id = collector._ids.get(name)
-        self.name_id = collector._intern(name) if name_id is None else name_id
         self.category = category
-        code = collector._code_of.get(category)
-        self.code = collector._category_code(category) if code is None else code
-        self.step = step  # encoded: NONE_I64 when absent
+        self.step = step
         self.layer = layer
         self.nbytes = nbytes
-        self.start_ns = 0
 
     def __enter__(self) -> SpanContext:
-        collector = self._collector
         try:
-            thread = collector._local.tracks
+            thread = self.collector._local.state
         except AttributeError:  # the first span of this thread
-            thread = collector._thread()
-        self._thread = thread
-        thread.stack.append(self)
-        # No heartbeat store here: the heartbeat counts the innermost open span's start as progress.
+            thread = self.collector._thread()
+        self.thread = thread
+        stack = thread.stack
+        self.depth = len(stack)
+        stack.append(self)
         self.start_ns = monotonic_ns()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        end = monotonic_ns()
-        collector = self._collector
-        thread = self._thread
-        stack = thread.stack
-        stack.pop()
+        self.end_ns = end = monotonic_ns()
+        self.thread.stack.pop()
+        collector = self.collector
         collector._live.last_event_ns = end
-        depth = len(stack)
-        try:
-            track = thread.tracks[depth]
-        except IndexError:
-            track = collector._track_id(thread, depth)
         buffer = collector._buffer
-        buffer.append(
-            (
-                TAG,
-                self.code,
-                self.name_id,
-                track,
-                NO_STRING,
-                self.start_ns,
-                end,
-                self.step,
-                self.layer,
-                NONE_I64,
-                self.nbytes,
-            )
-        )
+        buffer.append(self)
         if len(buffer) >= collector._buffer_limit:
             collector.flush()
 
@@ -106,50 +89,47 @@ class CollectiveContext:
     """`with collector.collective(...)`: a COMM span with its group's next sequence number, tracked by the heartbeat."""
 
     __slots__ = (
-        "_collector",
-        "_thread",
-        "category",
+        "collector",
+        "depth",
+        "end_ns",
         "group",
-        "group_id",
         "name",
-        "name_id",
         "nbytes",
         "seq",
         "start_ns",
         "step",
+        "thread",
     )
 
+    category = Category.COMM
+
     def __init__(  # noqa: PLR0917
-        self, collector: Collector, name: str, group: str, seq: int | None, step: int, nbytes: int
+        self, collector: Collector, name: str, group: str, seq: int | None, step: int | None, nbytes: int | None
     ) -> None:
-        self._collector = collector
+        self.collector = collector
         self.name = name
-        name_id = collector._ids.get(name)
-        self.name_id = collector._intern(name) if name_id is None else name_id
         self.group = group
-        group_id = collector._ids.get(group)
-        self.group_id = collector._intern(group) if group_id is None else group_id
-        self.category = Category.COMM
         self.seq = seq  # assigned on entry when None
         self.step = step
         self.nbytes = nbytes
-        self.start_ns = 0
 
     def __enter__(self) -> CollectiveContext:
-        collector = self._collector
-        live = collector._live
+        collector = self.collector
         group = self.group
         seq = self.seq
         if seq is None:
             seq = self.seq = collector._next_seq.get(group, 0)
         collector._next_seq[group] = seq + 1
         try:
-            thread = collector._local.tracks
-        except AttributeError:  # the first span of this thread
+            thread = collector._local.state
+        except AttributeError:
             thread = collector._thread()
-        self._thread = thread
-        thread.stack.append(self)
+        self.thread = thread
+        stack = thread.stack
+        self.depth = len(stack)
+        stack.append(self)
         self.start_ns = start = monotonic_ns()
+        live = collector._live
         live.entered = (self.name, group, seq, start)
         marks = live.groups.get(group)
         if marks is None:
@@ -160,36 +140,16 @@ class CollectiveContext:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        end = monotonic_ns()
-        collector = self._collector
+        self.end_ns = end = monotonic_ns()
+        self.thread.stack.pop()
+        collector = self.collector
         live = collector._live
-        thread = self._thread
-        stack = thread.stack
-        stack.pop()
-        seq = self.seq if self.seq is not None else NONE_I64
+        seq = self.seq
+        assert seq is not None  # assigned on entry
         live.left = (self.name, self.group, seq, end)
         live.groups[self.group][1] = seq
         live.last_event_ns = end
-        depth = len(stack)
-        try:
-            track = thread.tracks[depth]
-        except IndexError:
-            track = collector._track_id(thread, depth)
         buffer = collector._buffer
-        buffer.append(
-            (
-                TAG,
-                COMM_CODE,
-                self.name_id,
-                track,
-                self.group_id,
-                self.start_ns,
-                end,
-                self.step,
-                NONE_I32,
-                seq,
-                self.nbytes,
-            )
-        )
+        buffer.append(self)
         if len(buffer) >= collector._buffer_limit:
             collector.flush()

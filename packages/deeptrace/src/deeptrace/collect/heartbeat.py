@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from deeptrace.collect import trace_format as fmt
 from deeptrace.rundir import layout
 from deeptrace.rundir.jsonio import dumps, write_atomically
 from deeptrace.rundir.records import ClockRef, CollectiveMark, Heartbeat, HeartbeatState, SpanMark
@@ -26,7 +25,7 @@ class OpenSpan(Protocol):
 
     name: str
     category: str
-    step: int  # as stored in the trace: trace_format.NONE_I64 when the span has no step
+    step: int | None
     start_ns: int
 
 
@@ -81,12 +80,7 @@ class LiveHeartbeat:
             step_done=self.step_done,
             open_span=None
             if innermost is None
-            else SpanMark(
-                innermost.name,
-                str(innermost.category),
-                None if innermost.step == fmt.NONE_I64 else innermost.step,
-                wall_s(innermost.start_ns),
-            ),
+            else SpanMark(innermost.name, str(innermost.category), innermost.step, wall_s(innermost.start_ns)),
             collective_entered=mark(self.entered),
             collective_left=mark(self.left),
             groups={group: (marks[0], marks[1]) for group, marks in list(self.groups.items())},
@@ -95,7 +89,7 @@ class LiveHeartbeat:
         )
 
 
-MIN_GAP_S = 0.05  # at most 20 rewrites a second, however short the steps
+MIN_GAP_S = 0.5  # at most 2 rewrites a second, however short the steps
 
 
 class HeartbeatWriter:

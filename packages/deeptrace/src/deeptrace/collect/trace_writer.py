@@ -1,9 +1,9 @@
-"""Writes batches of span records to trace/rank-{R}.dtr from a background thread.
+"""Writes batches of spans to trace/rank-{R}.dtr from a background thread.
 
-The collector hands over a batch (the strings first defined in it and its span tuples) at step end; this thread
-packs and appends it. Training code spends most of its time in calls that release the GIL (GPU waits, collectives,
-BLAS), so the packing usually costs the training thread nothing. Batches are written in the order handed over,
-which keeps every string definition ahead of the spans that use it.
+The collector hands over its buffer (finished span contexts and raw spans) at step end; this thread gives names,
+tracks and groups their string ids, packs the records and appends them, string definitions first. Training code
+spends most of its time in calls that release the GIL (GPU waits, collectives, BLAS), so this work usually
+costs the training thread nothing. Batches are written in the order handed over.
 """
 
 from __future__ import annotations
@@ -15,9 +15,76 @@ import warnings
 from pathlib import Path
 
 from deeptrace.collect import trace_format as fmt
-from deeptrace.collect.contexts import Record
+from deeptrace.collect.contexts import CollectiveContext, RawSpan, SpanContext
 
-Batch = tuple[list[tuple[int, str]], list[Record]]
+BufferItem = SpanContext | CollectiveContext | RawSpan
+
+
+class SpanEncoder:
+    """Turns buffered spans into file bytes; owns the file's string table (used by one thread only)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._new: list[tuple[int, str]] = []
+        self._tracks: dict[tuple[str, int], str] = {}
+
+    def _intern(self, text: str) -> int:
+        string_id = self._ids.get(text)
+        if string_id is None:
+            string_id = self._ids[text] = len(self._ids)
+            self._new.append((string_id, text))
+        return string_id
+
+    def _track(self, base: str, depth: int) -> str:
+        track = self._tracks.get((base, depth))
+        if track is None:
+            track = self._tracks[base, depth] = base if depth == 0 else f"{base}/{depth}"
+        return track
+
+    def encode(self, items: list[BufferItem]) -> bytes:
+        pack, codes, intern = fmt.SPAN.pack, fmt.CATEGORY_CODES, self._intern
+        none32, none64 = fmt.NONE_I32, fmt.NONE_I64
+        records = []
+        for item in items:
+            group: str | None = None
+            seq: int | None = None
+            layer: int | None = None
+            if isinstance(item, SpanContext):
+                name, category, start, end = item.name, item.category, item.start_ns, item.end_ns
+                track, step, layer, nbytes = (
+                    self._track(item.thread.base, item.depth),
+                    item.step,
+                    item.layer,
+                    item.nbytes,
+                )
+            elif isinstance(item, CollectiveContext):
+                name, category, start, end = item.name, item.category, item.start_ns, item.end_ns
+                track = self._track(item.thread.base, item.depth)
+                step, nbytes = item.step, item.nbytes
+                group, seq = item.group, item.seq
+            else:
+                name, category, start, end, track, step, layer, nbytes, group, seq = item
+            try:
+                records.append(
+                    pack(
+                        fmt.TAG_SPAN,
+                        codes[category],
+                        intern(name),
+                        intern(track),
+                        fmt.NO_STRING if group is None else intern(group),
+                        start,
+                        end,
+                        none64 if step is None else step,
+                        none32 if layer is None else layer,
+                        none64 if seq is None else seq,
+                        none64 if nbytes is None else nbytes,
+                    )
+                )
+            except (struct.error, TypeError, KeyError, AttributeError) as error:
+                # A field out of range or of the wrong type: drop this span, keep the others.
+                warnings.warn(f"deeptrace: span {name!r} dropped, a field is invalid ({error})", stacklevel=1)
+        strings, self._new = self._new, []
+        return _pack_strings(strings) + b"".join(records)
 
 
 class TraceFileWriter:
@@ -25,12 +92,13 @@ class TraceFileWriter:
         self.path = path
         self._file = path.open("wb", buffering=0)
         self._file.write(fmt.HEADER.pack(fmt.MAGIC, fmt.TRACE_FORMAT_VERSION, fmt.HEADER.size, rank, world_size))
-        self._queue: queue.SimpleQueue[Batch | threading.Event | None] = queue.SimpleQueue()
+        self._encoder = SpanEncoder()
+        self._queue: queue.SimpleQueue[list[BufferItem] | threading.Event | None] = queue.SimpleQueue()
         self._failed = False
         self._thread = threading.Thread(target=self._run, name=f"deeptrace-trace-{rank}", daemon=True)
         self._thread.start()
 
-    def submit(self, batch: Batch) -> None:
+    def submit(self, batch: list[BufferItem]) -> None:
         self._queue.put(batch)
 
     def wait(self) -> None:
@@ -52,9 +120,9 @@ class TraceFileWriter:
             if isinstance(item, threading.Event):
                 item.set()
                 continue
-            strings, records = item
+            data = self._encoder.encode(item)
             try:
-                self._file.write(_pack_strings(strings) + _pack_spans(records))
+                self._file.write(data)
             except OSError as exc:
                 # Tracing must never take the training job down: say it once, drop the data.
                 if not self._failed:
@@ -69,18 +137,3 @@ def _pack_strings(strings: list[tuple[int, str]]) -> bytes:
         parts.append(fmt.STRING_HEAD.pack(fmt.TAG_STRING, string_id, len(encoded)))
         parts.append(encoded)
     return b"".join(parts)
-
-
-def _pack_spans(records: list[Record]) -> bytes:
-    pack = fmt.SPAN.pack
-    try:
-        return b"".join([pack(*record) for record in records])
-    except (struct.error, TypeError):
-        # A field out of range or of the wrong type: keep every valid span, warn about the bad ones.
-        kept = []
-        for record in records:
-            try:
-                kept.append(pack(*record))
-            except (struct.error, TypeError) as error:
-                warnings.warn(f"deeptrace: span dropped, a field is invalid ({error}): {record}", stacklevel=1)
-        return b"".join(kept)
