@@ -148,3 +148,15 @@ def test_bad_meta_names_the_file_and_the_problem(tmp_path: Path, content: str, p
 def test_missing_meta_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(TraceInputError, match="file not found"):
         read_meta(tmp_path)
+
+
+def test_numpy_values_are_written_as_json_numbers(tmp_path: Path) -> None:
+    import numpy as np
+
+    with RunWriter(tmp_path, 0, 1) as writer:
+        writer.append_metrics(0, loss=np.float32(1.5), tokens=np.int64(7), grad_norm=float("nan"))
+        writer.append_rank_record(0, step_time_s=np.float64(0.25), mem_peak_bytes=np.int64(1 << 33))
+    metrics = read_metrics(tmp_path)[0]
+    assert metrics["loss"] == 1.5 and metrics["tokens"] == 7
+    assert metrics["grad_norm"] is None  # JSON has no NaN
+    assert read_rank_records(tmp_path)[0][0]["mem_peak_bytes"] == 1 << 33
