@@ -207,3 +207,9 @@ def test_cancel_recorded_while_the_daemon_was_down_is_carried_out(client: Client
     assert done["state"] == "CANCELLED"
     pid = done["attempts"][0]["pid"]
     wait_until(lambda: not psutil.pid_exists(pid) or _zombie(pid))
+
+
+def test_missing_program_fails_with_a_reason(client: Client) -> None:
+    done = client.wait(client.submit(JobSpec(command=["no-such-program-xyz"], env={}))["id"], timeout_s=60)
+    assert (done["state"], done["exit_code"]) == ("FAILED", 127)
+    assert "cannot run 'no-such-program-xyz'" in done["failure_reason"]

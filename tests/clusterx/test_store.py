@@ -178,3 +178,31 @@ def test_migrations_are_not_rerun_on_an_up_to_date_database(db_url: str) -> None
     assert current_revision(engine) == HEAD_REVISION
     JobStore(url, engine=engine)  # second open: the version check alone
     assert current_revision(engine) == HEAD_REVISION
+
+
+def test_busy_database_errors_are_retried(tmp_path: Path) -> None:
+    """A real 'database is locked' (another connection holds the write lock; this engine does not wait) is
+    retried until the lock is gone."""
+    import sqlite3
+
+    from clusterx.db.engine import retry_db
+    from sqlalchemy import create_engine, text
+
+    path = tmp_path / "busy.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE t (x INTEGER)")
+    holder.execute("BEGIN IMMEDIATE")
+    impatient = create_engine(f"sqlite:///{path}", connect_args={"timeout": 0})
+    calls = 0
+
+    def insert() -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            holder.execute("COMMIT")  # the other writer finishes
+        with impatient.begin() as connection:
+            connection.execute(text("INSERT INTO t VALUES (1)"))
+        return calls
+
+    assert retry_db(insert) == 3
+    assert holder.execute("SELECT count(*) FROM t").fetchone() == (1,)

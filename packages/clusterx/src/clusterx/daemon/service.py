@@ -88,7 +88,11 @@ class Daemon:
         signal.signal(signal.SIGINT, self._request_stop)
         self.reconcile()
         while not self.stopping:
-            self.tick()
+            try:
+                self.tick()
+            except Exception:  # a database hiccup must not end the daemon: its jobs need watching
+                log.exception("tick failed; trying again in 1 s")
+                time.sleep(1.0)
             time.sleep(self.tick_s)
         log.info("stopping; %d running job(s) keep running and are adopted by the next daemon", len(self.tracked))
 
