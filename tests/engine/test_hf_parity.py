@@ -110,6 +110,7 @@ def test_save_hf_loads_in_transformers_with_identical_logits(case: str, tmp_path
         assert exported[key].dtype == tensor.dtype and torch.equal(exported[key], tensor), key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["dense-gqa2-tied", "moe-gqa2-norm-topk"])
 def test_bf16_error_is_no_worse_than_transformers_own(case: str, tmp_path: Path) -> None:
     """In bf16 neither implementation matches fp32 exactly; xtrain's rounding error (the upcasts it keeps or
@@ -133,3 +134,30 @@ def test_bf16_error_is_no_worse_than_transformers_own(case: str, tmp_path: Path)
     our_error = (ours - exact).abs().max().item()
     their_error = (theirs - exact).abs().max().item()
     assert our_error <= 2 * their_error + 1e-3, f"bf16 error {our_error:.3g} vs transformers' {their_error:.3g}"
+
+
+def test_router_stats_of_a_packed_row_give_transformers_balance_loss(tmp_path: Path) -> None:
+    """The router statistics forward_hidden returns cover every token of the row: with one MoE layer, the
+    load-balancing loss from them equals transformers' load_balancing_loss_func over the per-document router
+    logits. (With several layers transformers averages counts over layers before multiplying, a different
+    definition from the per-layer one of xtrain.model.moe.aux_loss.)"""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+    from xtrain.model.moe.aux_loss import load_balancing_loss
+
+    shape = TinyModel(moe=True, mlp_only_layers=(0, 2))
+    reference = build_reference(shape, seed=5)
+    model = xtrain.load_hf(save_reference(reference, tmp_path / "hf"))
+    lengths = [9, 14, 5]
+    ids_1T, _, cu = _packed_batch(lengths, shape.vocab_size, seed=5)
+    with torch.no_grad():
+        stats = model.forward_hidden(ids_1T, cu).router_stats
+        pieces = torch.tensor(lengths).cumsum(0).tolist()
+        router_logits = torch.cat(
+            [
+                reference(input_ids=ids_1T[:, start:end], output_router_logits=True).router_logits[0]
+                for start, end in zip([0, *pieces[:-1]], pieces, strict=True)
+            ]
+        )
+    assert len(stats) == 1 and stats[0].num_tokens == sum(lengths)
+    expected = load_balancing_loss_func((router_logits,), shape.num_experts, shape.top_k)
+    torch.testing.assert_close(load_balancing_loss(stats), expected, atol=1e-6, rtol=1e-5)
