@@ -206,3 +206,11 @@ def test_busy_database_errors_are_retried(tmp_path: Path) -> None:
 
     assert retry_db(insert) == 3
     assert holder.execute("SELECT count(*) FROM t").fetchone() == (1,)
+
+
+def test_unreachable_database_is_one_clear_error() -> None:
+    from clusterx.errors import DatabaseConfigError
+
+    with pytest.raises(DatabaseConfigError, match=r"(?s)cannot open the job database .*\*\*\*.*check --db") as info:
+        JobStore(resolve_db_url("postgresql://someone:s3cret@127.0.0.1:1/nothing"))
+    assert "s3cret" not in str(info.value)

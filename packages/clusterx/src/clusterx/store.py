@@ -14,12 +14,13 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from clusterx.db.engine import ensure_schema, make_engine, retry_db
 from clusterx.db.models import Attempt, Job, JobEvent, utcnow
-from clusterx.errors import JobNotFoundError
+from clusterx.errors import DatabaseConfigError, JobNotFoundError
 from clusterx.states import JobState, may_transition
 
 T = TypeVar("T")
@@ -54,8 +55,15 @@ class QueuedJob:
 class JobStore:
     def __init__(self, url: str, engine: Engine | None = None) -> None:
         self.url = url
+        # For messages: a PostgreSQL URL may carry a password.
+        self.shown_url = make_url(url).render_as_string(hide_password=True)
         self.engine = engine or make_engine(url)
-        ensure_schema(self.engine)
+        try:
+            ensure_schema(self.engine)
+        except DBAPIError as exc:
+            raise DatabaseConfigError(
+                f"cannot open the job database {self.shown_url}: {exc.orig}; check --db / CLUSTERX_DB"
+            ) from None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -105,7 +113,7 @@ class JobStore:
     def get(self, job_id: int) -> Job:
         job = self.read(lambda s: s.get(Job, job_id))
         if job is None:
-            raise JobNotFoundError(f"no job {job_id} in {self.url}; `clusterx list` shows the jobs there")
+            raise JobNotFoundError(f"no job {job_id} in {self.shown_url}; `clusterx list` shows the jobs there")
         return job
 
     def list_jobs(
@@ -189,7 +197,7 @@ class JobStore:
         def change(session: Session) -> bool:
             job = session.get(Job, job_id, with_for_update=True)
             if job is None:
-                raise JobNotFoundError(f"no job {job_id} in {self.url}")
+                raise JobNotFoundError(f"no job {job_id} in {self.shown_url}")
             current = JobState(job.state)
             if current.is_terminal:
                 return False
@@ -224,7 +232,7 @@ class JobStore:
         def add(session: Session) -> None:
             job = session.get(Job, job_id)
             if job is None:
-                raise JobNotFoundError(f"no job {job_id} in {self.url}")
+                raise JobNotFoundError(f"no job {job_id} in {self.shown_url}")
             session.add(_event(job.id, job.attempt, job.state, job.state, source=source, message=message))
 
         self.write(add)
@@ -257,7 +265,7 @@ class JobStore:
         def change(session: Session) -> None:
             job = session.get(Job, job_id)
             if job is None:
-                raise JobNotFoundError(f"no job {job_id} in {self.url}")
+                raise JobNotFoundError(f"no job {job_id} in {self.shown_url}")
             _upsert_attempt(session, job, fields)
 
         self.write(change)
@@ -295,7 +303,7 @@ class JobStore:
         def change(session: Session) -> JobState:
             job = session.get(Job, job_id, with_for_update=True)
             if job is None:
-                raise JobNotFoundError(f"no job {job_id} in {self.url}")
+                raise JobNotFoundError(f"no job {job_id} in {self.shown_url}")
             current = JobState(job.state)
             if current.is_terminal:
                 return current
