@@ -1,10 +1,13 @@
 """Packed variable-length attention: documents never see each other, on every backend present here;
 backend selection with injected capabilities; document boundaries and positions."""
 
+import itertools
 import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from xtrain.errors import AttentionBackendError
 from xtrain.model.attention_backends import (
     CONCRETE_BACKENDS,
@@ -147,6 +150,16 @@ def test_positions_restart_in_every_document() -> None:
     single = PackedDocuments.from_cu_seqlens(None, 5, torch.device("cpu"))
     assert single.position_ids.tolist() == [0, 1, 2, 3, 4]
     assert single.cu_seqlens.tolist() == [0, 5]
+
+
+@given(st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=12))
+@settings(max_examples=60, deadline=None)
+def test_positions_and_boundaries_for_any_lengths(lengths: list[int]) -> None:
+    docs = PackedDocuments.from_lengths(lengths, torch.device("cpu"))
+    assert docs.position_ids.tolist() == [p for length in lengths for p in range(length)]
+    assert docs.cu_seqlens.tolist() == [0, *itertools.accumulate(lengths)]
+    again = PackedDocuments.from_cu_seqlens(docs.cu_seqlens, sum(lengths), torch.device("cpu"))
+    assert again.lengths == tuple(lengths) and torch.equal(again.position_ids, docs.position_ids)
 
 
 def test_documents_from_host_lengths_equal_those_from_cu_seqlens() -> None:

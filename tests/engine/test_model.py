@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from xtrain.errors import AttentionBackendError
 from xtrain.model.config import ModelConfig
 from xtrain.model.documents import PackedDocuments
+from xtrain.model.moe import MoEConfig
 from xtrain.model.sizes import model_config
 from xtrain.model.transformer import Transformer
 
@@ -41,13 +42,40 @@ def test_meta_build_then_init_is_deterministic_and_complete(size: str) -> None:
             assert 0.01 < p.std().item() < 0.03, f"{name} has std {p.std().item():.3g}, expected about 0.02"
 
 
-def test_init_weights_writes_every_parameter() -> None:
-    model = _materialised(model_config("debug"), 0)
+def _deepseek_style() -> ModelConfig:
+    moe = MoEConfig(
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        router="sigmoid_group_limited",
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+        num_shared_experts=1,
+    )
+    return model_config("debug").model_copy(update={"moe": moe})
+
+
+@pytest.mark.parametrize("config", [model_config("debug"), _deepseek_style()], ids=["qwen3-moe", "deepseek-style"])
+def test_init_weights_writes_every_parameter_and_buffer(config: ModelConfig) -> None:
+    model = _materialised(config, 0)
     with torch.no_grad():
-        for p in model.parameters():
-            p.fill_(float("nan"))
+        for tensor in [*model.parameters(), *model.buffers()]:
+            tensor.fill_(float("nan"))
     model.init_weights()
-    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert all(torch.isfinite(t).all() for t in [*model.parameters(), *model.buffers()])
+
+
+def test_a_deepseek_style_moe_model_trains_on_a_packed_row() -> None:
+    config = _deepseek_style()
+    model = _materialised(config, 0)
+    ids_1T = torch.randint(0, config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(3))
+    out = model.forward_hidden(ids_1T, torch.tensor([0, 5, 12], dtype=torch.int32))
+    logits_1TV = F.linear(out.hidden, model.output_projection_weight)
+    F.cross_entropy(logits_1TV[0, :-1], ids_1T[0, 1:]).backward()
+    assert len(out.router_stats) == 3
+    missing = [name for name, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    assert not missing, f"no finite gradient for {missing}"
 
 
 @pytest.mark.parametrize("size", ["debug", "debug-dense"])
