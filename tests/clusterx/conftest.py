@@ -65,7 +65,7 @@ def postgres_server() -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _new_postgres_database(server: str) -> str:
+def new_postgres_database(server: str) -> str:
     import psycopg
 
     name = f"clusterx_{uuid.uuid4().hex[:12]}"
@@ -79,7 +79,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh, empty database: a SQLite file, or a new database on the session's PostgreSQL server."""
     if request.param == "sqlite":
         return str(tmp_path / "clusterx.db")
-    return _new_postgres_database(request.getfixturevalue("postgres_server"))
+    return new_postgres_database(request.getfixturevalue("postgres_server"))
 
 
 @pytest.fixture

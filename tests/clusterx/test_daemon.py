@@ -213,3 +213,18 @@ def test_missing_program_fails_with_a_reason(client: Client) -> None:
     done = client.wait(client.submit(JobSpec(command=["no-such-program-xyz"], env={}))["id"], timeout_s=60)
     assert (done["state"], done["exit_code"]) == ("FAILED", 127)
     assert "cannot run 'no-such-program-xyz'" in done["failure_reason"]
+
+
+@pytest.mark.postgres
+def test_local_job_with_a_postgresql_history(
+    postgres_server: str, tmp_path: Path, stop_daemons: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.clusterx.conftest import new_postgres_database
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # where the daemon's lock file goes
+    url = new_postgres_database(postgres_server)
+    stop_daemons(url)
+    client = Client(url, runs_dir=tmp_path / "runs")
+    done = client.wait(client.submit(sh("exit 7"))["id"], timeout_s=60)
+    assert (done["state"], done["exit_code"]) == ("FAILED", 7)
+    assert list((tmp_path / "data" / "clusterx").glob("daemon-*.lock"))
