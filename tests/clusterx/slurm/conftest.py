@@ -68,7 +68,7 @@ def wait_for_status(
     pytest.fail(f"job {job_id} did not reach the expected state within {timeout:.0f} s; last seen: {status}")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -129,8 +129,8 @@ def _write_conf(root: Path, node: str, auth_none: bool) -> Path:
         f"""# One-node test cluster written by tests/clusterx/slurm/conftest.py
 ClusterName=clusterx-test
 SlurmctldHost={node}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 SlurmUser=root
 SlurmdUser=root
 {auth}ProctrackType=proctrack/linuxproc
@@ -152,8 +152,8 @@ SlurmdLogFile={root / "log" / "slurmd.log"}
 ReturnToService=2
 # Finished jobs leave squeue after 2 s, so polls soon exercise the completion-log path.
 MinJobAge=2
-# scancel and time limits: SIGKILL 1 s after SIGTERM, no grace beyond the limit.
-KillWait=1
+# scancel and time limits: SIGKILL 5 s after SIGTERM (30 s by default), no grace beyond the limit.
+KillWait=5
 OverTimeLimit=0
 InactiveLimit=0
 NodeName={node} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MIB} State=UNKNOWN

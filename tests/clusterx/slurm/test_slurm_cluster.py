@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -19,7 +20,7 @@ from clusterx.errors import BackendError
 from clusterx.spec import JobSpec, env_from_shell
 from clusterx.states import JobState
 
-from tests.clusterx.slurm.conftest import SlurmCluster, wait_for_status
+from tests.clusterx.slurm.conftest import SlurmCluster, free_port, wait_for_status
 from tests.conftest import REPO_ROOT
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
@@ -249,6 +250,31 @@ def test_a_job_known_nowhere_is_lost(slurm_cluster: SlurmCluster) -> None:
 def test_sbatch_refusal_is_one_clear_error(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     with pytest.raises(BackendError, match=r"sbatch refused the job: .*partition"):
         slurm_cluster.backend().submit(request_for(tmp_path, ["true"], partition="no-such-partition"))
+
+
+def test_srun_launcher_runs_one_task_per_process(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    job = 'echo "$SLURM_PROCID $SLURM_NTASKS $MASTER_ADDR" >"$CLUSTERX_RUN_DIR/task-$SLURM_PROCID"'
+    request = request_for(tmp_path, ["/bin/sh", "-c", job], procs_per_node=2, cpus_per_node=2)
+    backend = slurm_cluster.backend()
+    job_id = backend.submit(request)
+    status = wait_for_status(backend, job_id, is_terminal)
+    assert status.state is JobState.SUCCEEDED, backend.log_paths(request)["stderr"].read_text()
+    assert status.rank_to_host == {0: slurm_cluster.node, 1: slurm_cluster.node}
+    run_dir = Path(JobSpec.model_validate_json(request.spec_json).run_dir or "")
+    for rank in (0, 1):
+        assert (run_dir / f"task-{rank}").read_text() == f"{rank} 2 {slurm_cluster.node}\n"
+
+
+def test_an_unreachable_controller_is_an_error_not_a_lost_job(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    dead_port = free_port()
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(
+        re.sub(r"^SlurmctldPort=\d+$", f"SlurmctldPort={dead_port}", slurm_cluster.conf.read_text(), flags=re.M)
+    )
+    # Slurm's clients retry a refused connection for about 15 s; the backend's own limit stops them sooner.
+    backend = slurm_cluster.backend(slurm_conf=str(conf), command_timeout="3")
+    with pytest.raises(BackendError, match=r"squeue (failed|did not answer within 3 s \(is slurmctld up\?\))"):
+        backend.poll(["1"])
 
 
 def test_time_limit_ends_in_timeout(slurm_cluster: SlurmCluster, time_limit_job: str) -> None:

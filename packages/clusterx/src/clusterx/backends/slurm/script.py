@@ -190,7 +190,7 @@ def render_sbatch_script(
         "",
         "# Exit-code file: how clusterx learns how the job ended on a cluster without slurmdbd or completion log.",
         f'__cx_status_file={shlex.quote(str(state_dir))}/"$SLURM_JOB_ID".status',
-        "__cx_start=$(date +%s)",
+        "printf -v __cx_start '%(%s)T' -1  # bash's own clock: no process to start",
         "__cx_record() {  # rewrite the whole file and rename it into place: a reader never sees half of it",
         f'  printf \'%s\\n\' "start=$__cx_start" "time_limit_s={time_limit_s}" "procs_per_node={spec.procs_per_node}" '
         '"nodelist=$SLURM_JOB_NODELIST" "$@" >"$__cx_status_file.tmp" &&',
@@ -202,10 +202,19 @@ def render_sbatch_script(
         # record it, pass it on to the processes, wait for them.
         "__cx_slurm_view() {  # Slurm's state and reason as the script ends: COMPLETING|TimeLimit on a time-out,",
         "  # COMPLETING|None on scancel (Slurm marks the job before it signals it); RUNNING when the job ended itself",
-        f"  {_tool(options, 'squeue')} --noheader --states=all --format='%T|%r' --jobs=\"$SLURM_JOB_ID\" 2>/dev/null",
+        f"  timeout 20 {_tool(options, 'squeue')} --noheader --states=all --format='%T|%r' "
+        '--jobs="$SLURM_JOB_ID" 2>/dev/null',
         "}",
-        '__cx_on_term() { __cx_record "signal=TERM" "slurm=$(__cx_slurm_view)" "end=$(date +%s)"; '
-        '[ -n "$__cx_child" ] && kill -TERM "$__cx_child" 2>/dev/null; wait; exit 143; }',
+        # Each end is written twice: at once, then with Slurm's view, so SIGKILL (KillWait seconds after
+        # SIGTERM) arriving while squeue answers still leaves the end recorded.
+        "__cx_on_term() {",
+        "  printf -v __cx_end '%(%s)T' -1",
+        '  __cx_record "signal=TERM" "end=$__cx_end"',
+        '  __cx_record "signal=TERM" "slurm=$(__cx_slurm_view)" "end=$__cx_end"',
+        '  [ -n "$__cx_child" ] && kill -TERM "$__cx_child" 2>/dev/null',
+        "  wait",
+        "  exit 143",
+        "}",
         "trap __cx_on_term TERM",
         "",
         "# The job's environment.",
@@ -228,7 +237,9 @@ def render_sbatch_script(
         "__cx_child=$!",
         'wait "$__cx_child"',
         "__cx_rc=$?",
-        '__cx_record "exit=$__cx_rc" "slurm=$(__cx_slurm_view)" "end=$(date +%s)"',
+        "printf -v __cx_end '%(%s)T' -1",
+        '__cx_record "exit=$__cx_rc" "end=$__cx_end"',
+        '__cx_record "exit=$__cx_rc" "slurm=$(__cx_slurm_view)" "end=$__cx_end"',
         'exit "$__cx_rc"',
         "",
     ]
