@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from clusterx import Client, JobSpec
 from clusterx.backends.fake import write_fake_state
-from clusterx.db.models import utcnow
+from clusterx.db.models import Job, utcnow
 from clusterx.errors import JobStateError, NotOwnerError, ResourceError, SpecError
 
 
@@ -147,3 +147,19 @@ def test_unknown_backend_option_is_refused(client: Client, fake_dir: Path) -> No
     with pytest.raises(SpecError, match="unknown option"):
         client.submit(JobSpec.from_mapping({"command": ["x"], "backend": "fake", "backend_options": {"zz": "1"}}))
     assert client.list(poll=False) == []
+
+
+def test_repeated_submit_recovers_a_job_its_submitter_left_pending(client: Client, fake_dir: Path) -> None:
+    spec = client.prepare(_spec(fake_dir, submit_key="crashed-submitter"))
+    stale = utcnow() - timedelta(minutes=10)
+    job = Job(
+        submit_key=spec.submit_key, name=spec.name, user=client.user, submit_host=client.host, backend="fake",
+        state="PENDING", spec=spec.model_dump(mode="json"), run_dir=str(spec.run_dir), log_paths={}, hosts=[],
+        rank_to_host={}, attempt=1, max_retries=0, priority=0, nodes=1, cpus=1, gpus=0, mem_mib=0,
+        cancel_requested=False, created_at=stale, updated_at=stale,
+    )  # fmt: skip
+    client.store.insert_job(job, source="client", message="stored, then the submitter died")
+    record = client.submit(spec)
+    assert record["state"] == "QUEUED" and record["backend_job_id"].startswith("fake-")
+    assert client.submit(spec)["backend_job_id"] == record["backend_job_id"]  # handed over once only
+    assert len(list(fake_dir.glob("*.json"))) == 1

@@ -33,6 +33,8 @@ from clusterx.store import JobStore
 # A polled job its backend no longer reports, this long after submission, is LOST (its end was never seen).
 LOST_AFTER = timedelta(minutes=2)
 RETRYABLE_STATES = (JobState.FAILED, JobState.NODE_FAIL)
+# A job still PENDING this long after it was stored lost its submitter (a backend's submit takes seconds).
+STUCK_PENDING_AFTER = timedelta(minutes=5)
 
 
 class Client:
@@ -111,7 +113,19 @@ class Client:
         )
         if created:
             self._hand_to_backend(job.id, 1, spec, backend)
+        elif self._stuck_in_pending(job) and self.store.claim_handoff(job.id, job.updated_at):
+            self.store.note(job.id, "client", "its first submitter never handed it to the backend; handing it now")
+            self._hand_to_backend(job.id, 1, JobSpec.model_validate(job.spec), backend)
         return self.describe(job.id, poll=False)
+
+    @staticmethod
+    def _stuck_in_pending(job: Job) -> bool:
+        """Stored, but its submitter died before handing it to the backend (a repeated submit recovers it)."""
+        return (
+            job.state == JobState.PENDING.value
+            and job.backend_job_id is None
+            and utcnow() - job.updated_at > STUCK_PENDING_AFTER
+        )
 
     def _hand_to_backend(self, job_id: int, attempt: int, spec: JobSpec, backend: Backend) -> str:
         assert spec.run_dir is not None

@@ -324,6 +324,25 @@ class JobStore:
 
         return self.write(change)
 
+    def claim_handoff(self, job_id: int, observed_updated_at: datetime) -> bool:
+        """Take over handing a PENDING job to its backend (its submitter died before doing it). Only the one
+        caller that still sees the job as it observed it wins."""
+
+        def change(session: Session) -> bool:
+            result = session.execute(
+                update(Job)
+                .where(
+                    Job.id == job_id,
+                    Job.state == JobState.PENDING.value,
+                    Job.backend_job_id.is_(None),
+                    Job.updated_at == observed_updated_at,
+                )
+                .values(updated_at=utcnow())
+            )
+            return bool(result.rowcount == 1)  # type: ignore[attr-defined]  # CursorResult of an UPDATE
+
+        return self.write(change)
+
     def cancel_requested_among(self, job_ids: Sequence[int]) -> list[int]:
         query = select(Job.id).where(Job.id.in_(list(job_ids)), Job.cancel_requested.is_(True))
         with self.engine.connect() as connection:
