@@ -4,8 +4,11 @@ Anyone's tests may use them:
 
 - `build_clean_run(run_dir)`: every rank traced a few steps and closed normally; no hang.
 - `build_planted_hang(run_dir)`: ranks 0, 1 and 3 entered all_reduce seq 42 of group "dp" in step 7 and stay
-  there; rank 2 is stuck in step 7's compute ("forward") and never entered it. Diagnose with a `now_wall` past the
-  stall threshold (`PlantedHang.judge_at`).
+  there; rank 2 is stuck in step 7's compute ("forward") and never entered it. Their heartbeats say they made no
+  progress for `stuck_for_s` (10 min) before the last rewrite. Judged at the build time, they are alive and
+  stalled; judged later (`PlantedHang.judge_at`), their processes are gone after having hung.
+- `age_heartbeats(run_dir, seconds)`: move heartbeats' progress times back, as if the processes had lived on,
+  blocked, for that long (the daemon thread rewriting the file while the training thread made no progress).
 
 The spans are timed for real (the builders run the loops), so durations are tiny; what is known exactly is the
 structure: names, categories, steps, layers, groups and sequence numbers, and the per-rank counts in the result.
@@ -14,11 +17,12 @@ structure: names, categories, steps, layers, groups and sequence numbers, and th
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from deeptrace.collect import Collector
-from deeptrace.rundir import RunWriter
+from deeptrace.rundir import CollectiveMark, RunWriter, layout, read_heartbeats
+from deeptrace.rundir.jsonio import dumps, write_atomically
 from deeptrace.spans import Category
 
 LAYERS = 2
@@ -34,6 +38,27 @@ class BuiltRun:
     dp_collectives_per_rank: int
 
 
+def age_heartbeats(run_dir: Path, seconds: float, ranks: list[int] | None = None) -> None:
+    """Shift the progress times (last event, open span, collectives) of running ranks' heartbeats `seconds` into
+    the past, leaving the time the file was written: the rank was alive but blocked for `seconds`."""
+    for rank, beat in read_heartbeats(run_dir).items():
+        if beat.state != "running" or (ranks is not None and rank not in ranks):
+            continue
+
+        def back(mark: CollectiveMark | None) -> CollectiveMark | None:
+            return None if mark is None else replace(mark, wall_s=mark.wall_s - seconds)
+
+        span = beat.open_span
+        aged = replace(
+            beat,
+            last_event_wall_s=beat.last_event_wall_s - seconds,
+            open_span=None if span is None else replace(span, since_wall_s=span.since_wall_s - seconds),
+            collective_entered=back(beat.collective_entered),
+            collective_left=back(beat.collective_left),
+        )
+        write_atomically(layout.heartbeat_path(run_dir, rank), dumps(aged.to_dict(), indent=True))
+
+
 @dataclass(frozen=True)
 class PlantedHang:
     run_dir: Path
@@ -43,10 +68,11 @@ class PlantedHang:
     group: str
     seq: int
     collective: str
-    finished_wall_s: float  # when the builder stopped every rank
+    finished_wall_s: float  # when the heartbeats were last written (the processes "died" then)
+    stuck_for_s: float  # how long the ranks were alive without progress before that
 
     def judge_at(self, stall_after_s: float) -> float:
-        """A `now_wall` at which every rank has been idle longer than `stall_after_s`."""
+        """A `now_wall` at which every heartbeat is older than `stall_after_s` (the processes are gone)."""
         return self.finished_wall_s + stall_after_s + 1.0
 
 
@@ -124,7 +150,9 @@ def build_clean_run(run_dir: Path, *, world_size: int = 4, steps: int = 3) -> Bu
     return BuiltRun(run_dir, world_size, steps, spans, steps * DP_COLLECTIVES_PER_STEP)
 
 
-def build_planted_hang(run_dir: Path, *, world_size: int = 4, stuck_rank: int = 2, hang_step: int = 7) -> PlantedHang:
+def build_planted_hang(
+    run_dir: Path, *, world_size: int = 4, stuck_rank: int = 2, hang_step: int = 7, stuck_for_s: float = 600.0
+) -> PlantedHang:
     """Ranks other than `stuck_rank` stop inside step `hang_step`'s loss all_reduce, the step's first collective
     of group "dp" (seq 42 with the defaults); `stuck_rank` stops inside that step's first forward compute, so its
     last dp sequence number is the previous step's last (41)."""
@@ -139,5 +167,6 @@ def build_planted_hang(run_dir: Path, *, world_size: int = 4, stuck_rank: int = 
             _one_step(collector, hang_step, stop_in_loss=True)
     for writer in writers:
         writer.close()
+    age_heartbeats(run_dir, stuck_for_s)
     seq = hang_step * DP_COLLECTIVES_PER_STEP
-    return PlantedHang(run_dir, world_size, stuck_rank, hang_step, "dp", seq, "all_reduce", time.time())
+    return PlantedHang(run_dir, world_size, stuck_rank, hang_step, "dp", seq, "all_reduce", time.time(), stuck_for_s)

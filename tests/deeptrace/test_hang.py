@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ from deeptrace.collect import Collector
 from deeptrace.rundir import RunWriter, layout
 from deeptrace.spans import Category
 
-from tests.deeptrace.fixtures_runs import build_clean_run, build_planted_hang
+from tests.deeptrace.fixtures_runs import age_heartbeats, build_clean_run, build_planted_hang
 
 STALL_S = 60.0
 
@@ -58,8 +57,31 @@ def test_no_heartbeats_means_nothing_to_diagnose(tmp_path: Path) -> None:
 
 
 def test_ranks_still_within_the_stall_threshold_are_no_hang(tmp_path: Path) -> None:
-    planted = build_planted_hang(tmp_path)
+    planted = build_planted_hang(tmp_path, stuck_for_s=30)
     assert diagnose_hang(tmp_path, now_wall=planted.finished_wall_s, stall_after_s=STALL_S) is None
+
+
+def test_live_hang_shows_stalled_ranks_that_are_still_alive(tmp_path: Path) -> None:
+    planted = build_planted_hang(tmp_path)
+    report = diagnose_hang(tmp_path, now_wall=planted.finished_wall_s + 1, stall_after_s=STALL_S)
+    assert report is not None
+    assert {s.status for s in report.ranks.values()} == {"stalled"}
+    assert report.culprit_ranks == [2]
+
+
+def test_ranks_killed_while_progressing_are_no_hang(tmp_path: Path) -> None:
+    """A time limit kills every rank mid-step: positions differ, but nobody was seen stuck."""
+    planted = build_planted_hang(tmp_path, stuck_for_s=0)
+    assert diagnose_hang(tmp_path, now_wall=planted.judge_at(STALL_S), stall_after_s=STALL_S) is None
+
+
+def test_hung_then_killed_ranks_are_still_a_hang(tmp_path: Path) -> None:
+    planted = build_planted_hang(tmp_path)
+    report = diagnose_hang(tmp_path, now_wall=planted.judge_at(STALL_S), stall_after_s=STALL_S)
+    assert report is not None
+    assert {s.status for s in report.ranks.values()} == {"gone"}
+    assert all(s.stalled for s in report.ranks.values())
+    assert "no progress for 10.0 min before that" in (report.ranks[0].note or "")
 
 
 def test_missing_heartbeat_of_the_culprit_is_reported_and_suspected(tmp_path: Path) -> None:
@@ -88,6 +110,7 @@ def test_world_size_from_meta_finds_a_rank_that_never_wrote(tmp_path: Path) -> N
         collector.step_begin(0)
         with collector.collective("barrier", group="world"):
             collector.close(final_state="running")
+    age_heartbeats(tmp_path, 600)
     report = diagnose_hang(tmp_path, now_wall=1e12, stall_after_s=STALL_S)
     assert report is not None
     assert report.world_size == 3 and report.missing_ranks == [2]
@@ -101,6 +124,7 @@ def test_rank_behind_in_steps_is_the_culprit_when_nobody_is_in_a_collective(tmp_
         collector.step_begin(step)
         with collector.span("data", Category.DATA):
             collector.close(final_state="running")
+    age_heartbeats(tmp_path, 600)
     report = diagnose_hang(tmp_path, now_wall=1e12, stall_after_s=STALL_S)
     assert report is not None
     assert report.collective is None
@@ -127,11 +151,10 @@ def test_crashed_rank_is_the_one_the_waiting_ranks_wait_for(tmp_path: Path) -> N
 def test_progressing_rank_that_never_arrives_is_the_culprit(tmp_path: Path) -> None:
     """A rank busy elsewhere (still making progress) while the others wait for it."""
     build_planted_hang(tmp_path)
-    time.sleep(1.5)  # the planted ranks are idle for 1.5 s ...
-    busy = Collector(tmp_path, 2, 4, heartbeat_interval_s=None)  # ... while rank 2 comes back and keeps working
+    busy = Collector(tmp_path, 2, 4, heartbeat_interval_s=None)  # rank 2 comes back and keeps working
     busy.step_begin(7)
     busy.close(final_state="running")
-    report = diagnose_hang(tmp_path, stall_after_s=1.0)
+    report = diagnose_hang(tmp_path, stall_after_s=STALL_S)
     assert report is not None
     assert report.ranks[2].status == "progressing"
     assert report.culprit_ranks == [2] and report.waiting_ranks == [0, 1, 3]

@@ -7,12 +7,15 @@ the file was last rewritten. From those alone:
 - a rank is *stalled* when it made no progress for `stall_after_s` while its heartbeat thread still rewrites the
   file (the process lives, the training thread is blocked), *gone* when the file is not rewritten either (the
   process died or froze), *crashed* or *closed* when it said so on the way out;
+- there is a hang when a rank is stalled, or was seen stalled before its process disappeared (its heartbeat
+  kept being written for `stall_after_s` after its last progress), or crashed. Ranks that were all still
+  progressing when their heartbeats stopped were killed (a time limit, a preemption): no hang;
 - the ranks stopped inside the same collective (group, seq) *wait*; the ranks that never entered it (their last
   sequence number in that group is lower) are the ones they wait for, the *culprits*;
 - with nobody inside a collective, the rank(s) whose step is behind are the culprits; a crashed or dead rank,
   or finally one whose heartbeat is missing, is next in line.
 
-The answer is a HangReport (or None when no rank stopped), whose `to_dict()` is report.json's `hang` key.
+The answer is a HangReport (or None when there is no hang), whose `to_dict()` is report.json's `hang` key.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class RankHangState:
     host: str | None = None
     pid: int | None = None
     note: str | None = None  # crash message, or why the heartbeat could not be read
+    stalled: bool = False  # alive without progress for the threshold (now, or before its process disappeared)
 
     def where(self) -> str:
         """Where the rank is, in words."""
@@ -155,7 +159,9 @@ def diagnose_hang(
         else:
             states[rank] = RankHangState(rank, "missing", note=f"no {layout.heartbeat_path(run_dir, rank)}")
     stopped = [r for r, s in states.items() if s.status in STOPPED]
-    if not stopped:
+    # A hang needs a rank seen alive without progress, or a crash. Ranks that were all still progressing when
+    # their heartbeats stopped were killed (a time limit, a preemption): not a hang.
+    if not any(s.stalled or s.status == "crashed" for s in states.values()):
         return None
     missing = [r for r, s in states.items() if s.status == "missing"]
     unreadable = {r: s.note or "" for r, s in states.items() if s.status == "unreadable"}
@@ -188,19 +194,30 @@ def _world_size(run_dir: Path, heartbeats: dict[int, Heartbeat], errors: dict[in
 def _rank_state(hb: Heartbeat, now: float, stall_after_s: float) -> RankHangState:
     idle = max(0.0, now - hb.last_event_wall_s)
     age = max(0.0, now - hb.written_wall_s)
+    # How long the process was seen alive (its heartbeat thread still writing) without making progress.
+    idle_while_alive = max(0.0, hb.written_wall_s - hb.last_event_wall_s)
     note = None
+    stalled = False
     if hb.state == "closed":
         status: RankStatus = "closed"
     elif hb.state == "crashed":
         status, note = "crashed", hb.error
     elif idle < stall_after_s:
         status = "progressing"
-    elif age >= stall_after_s:
-        status, note = "gone", f"heartbeat not rewritten for {_duration(age)}: the process died or froze"
-    elif not _process_alive(hb):
-        status, note = "gone", f"process {hb.pid} no longer exists on {hb.host}"
+    elif age < stall_after_s and _process_alive(hb):
+        status, stalled = "stalled", True
     else:
-        status = "stalled"
+        status = "gone"
+        stalled = idle_while_alive >= stall_after_s
+        why = (
+            f"heartbeat not rewritten for {_duration(age)}"
+            if age >= stall_after_s
+            else f"process {hb.pid} no longer exists on {hb.host}"
+        )
+        if stalled:
+            note = f"{why}; it had made no progress for {_duration(idle_while_alive)} before that"
+        else:
+            note = f"{why}; it was still making progress until then (killed or died, not hung)"
     inside = hb.in_collective
     span = hb.open_span
     since = None
@@ -221,6 +238,7 @@ def _rank_state(hb: Heartbeat, now: float, stall_after_s: float) -> RankHangStat
         host=hb.host,
         pid=hb.pid,
         note=note,
+        stalled=stalled,
     )
 
 
