@@ -220,6 +220,13 @@ def test_foreign_empty_and_truncated_files_are_explained(tmp_path: Path, content
     assert caught.value.path == path
 
 
+def test_newer_trace_format_is_refused_with_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.dtr"
+    path.write_bytes(fmt.HEADER.pack(fmt.MAGIC, fmt.TRACE_FORMAT_VERSION + 1, fmt.HEADER.size, 0, 1))
+    with pytest.raises(TraceInputError, match="upgrade deeptrace"):
+        read_trace(path)
+
+
 def test_missing_trace_is_explained(tmp_path: Path) -> None:
     with pytest.raises(TraceInputError, match="file not found"):
         read_trace(tmp_path / "rank-0.dtr")

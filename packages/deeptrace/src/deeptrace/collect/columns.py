@@ -86,7 +86,7 @@ def read_trace_columns(path: Path | str) -> TraceColumns:
     header = read_trace(path)  # validates the header and finds the clock reference
     header.close()
     data = path.read_bytes()
-    position = fmt.HEADER.size
+    position = header.header_size
     strings: dict[int, str] = {}
     runs: list[npt.NDArray[np.void]] = []
     torn = 0

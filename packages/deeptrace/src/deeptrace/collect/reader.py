@@ -30,23 +30,13 @@ class TraceReader(Iterator[Span]):
             self._handle: IO[bytes] = path.open("rb")
         except FileNotFoundError:
             raise TraceInputError(path, "file not found") from None
-        head = self._handle.read(fmt.HEADER.size)
-        if len(head) == 0:
+        try:
+            self.rank, self.world_size, self.header_size = _read_header(path, self._handle.read(fmt.HEADER.size))
+        except TraceInputError:
             self._handle.close()
-            raise TraceInputError(path, "empty file: the collector died before writing the trace header")
-        if head[: len(fmt.MAGIC)] != fmt.MAGIC[: len(head)] or len(head) < fmt.HEADER.size:
-            self._handle.close()
-            if head[: len(fmt.MAGIC)] != fmt.MAGIC[: len(head)]:
-                raise TraceInputError(path, "not a deeptrace trace (its first bytes are not the DEEPTRC magic)")
-            raise TraceInputError(path, "truncated header: the file ends inside the trace header")
-        _, version, header_size, self.rank, self.world_size = fmt.HEADER.unpack(head)
-        if version > fmt.TRACE_FORMAT_VERSION:
-            self._handle.close()
-            raise TraceInputError(
-                path, f"trace format version {version} is newer than this deeptrace reads; upgrade deeptrace"
-            )
-        self._handle.seek(header_size)
-        self._offset = header_size  # file offset of self._buffer[0]
+            raise
+        self._handle.seek(self.header_size)
+        self._offset = self.header_size  # file offset of self._buffer[0]
         self._buffer = b""
         self._position = 0
         self._eof = False
@@ -146,6 +136,22 @@ class TraceReader(Iterator[Span]):
 
     def close(self) -> None:
         self._handle.close()
+
+
+def _read_header(path: Path, head: bytes) -> tuple[int, int, int]:
+    """(rank, world size, header size) from a trace's first bytes, or why they are not a trace header."""
+    if not head:
+        raise TraceInputError(path, "empty file: the collector died before writing the trace header")
+    if head[: len(fmt.MAGIC)] != fmt.MAGIC[: len(head)]:
+        raise TraceInputError(path, "not a deeptrace trace (its first bytes are not the DEEPTRC magic)")
+    if len(head) < fmt.HEADER.size:
+        raise TraceInputError(path, "truncated header: the file ends inside the trace header")
+    _, version, header_size, rank, world_size = fmt.HEADER.unpack(head)
+    if version > fmt.TRACE_FORMAT_VERSION:
+        raise TraceInputError(
+            path, f"trace format version {version} is newer than this deeptrace reads; upgrade deeptrace"
+        )
+    return rank, world_size, header_size
 
 
 def read_trace(path: Path | str) -> TraceReader:
