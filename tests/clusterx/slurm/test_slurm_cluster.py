@@ -100,6 +100,14 @@ def test_a_job_that_succeeds(slurm_cluster: SlurmCluster, tmp_path: Path, monkey
     assert status.rank_to_host == {0: slurm_cluster.node}
     assert status.started_at is not None
     assert status.ended_at is not None
+    # Once squeue forgets the job (MinJobAge=2), the completion log answers, even for a working directory whose
+    # spaces and quotes trouble `sacct -c`'s parser.
+    deadline = time.monotonic() + 30
+    while backend.commands.squeue([job_id], None) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    from_log = backend.accounting_records([job_id], None)[job_id]
+    assert (from_log.raw_state, from_log.exit_code, from_log.nodelist) == ("COMPLETED", "0:0", slurm_cluster.node)
+    assert backend.poll([job_id])[job_id].state is JobState.SUCCEEDED
     logs = backend.log_paths(request)
     assert logs["stdout"].read_text() == "hello from slurm\n"
     assert logs["stderr"].read_text() == "to stderr\n"

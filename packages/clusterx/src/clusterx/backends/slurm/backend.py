@@ -115,7 +115,7 @@ class SlurmBackend:
                 ended.append(job_id)  # finished (squeue may still show its end state) or forgotten
         if not ended:
             return statuses
-        accounted = self._accounting(ended, cluster)
+        accounted = self.accounting_records(ended, cluster)
         for job_id in ended:
             status_file = read_status_file(status_file_path(state_dir, job_id))
             record = accounted.get(job_id) or queued.get(job_id)
@@ -133,7 +133,7 @@ class SlurmBackend:
                 )
         return statuses
 
-    def _accounting(self, job_ids: list[str], cluster: str | None) -> dict[str, SlurmRecord]:
+    def accounting_records(self, job_ids: list[str], cluster: str | None) -> dict[str, SlurmRecord]:
         """Finished jobs from slurmdbd when there is one, else from the job-completion log."""
         if not self._sacct_unavailable:
             try:
