@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -301,3 +303,18 @@ def test_spans_of_a_job_that_never_closes_reach_the_file_at_exit(tmp_path: Path)
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=120)
     assert [s.name for s in _spans(tmp_path)] == ["unflushed"]
+
+
+def test_a_forked_child_never_blocks_on_the_parents_writer(tmp_path: Path) -> None:
+    collector = Collector(tmp_path, 0, 1, heartbeat_interval_s=None)
+    collector.record("parent", Category.COMPUTE, 0, 1)
+    pid = os.fork()
+    if pid == 0:  # the child: its copy has no writer thread; flushing must return, not wait forever
+        signal.alarm(20)  # should it block, the child dies and the test fails instead of hanging
+        collector.record("child", Category.COMPUTE, 1, 2)
+        collector.flush(wait=True)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    collector.close()
+    assert [s.name for s in _spans(tmp_path)] == ["parent"]

@@ -19,6 +19,7 @@ failing disk write is reported by a warning and the data dropped.
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from pathlib import Path
 from time import monotonic_ns
@@ -82,6 +83,7 @@ class Collector:
         self._step_start_ns: int | None = None
         self._closed = False
         host, pid = process_identity()
+        self._pid = pid  # a forked child (a data-loader worker) inherits this object but none of its threads
         self._live = LiveHeartbeat(rank=rank, world_size=world_size, host=host, pid=pid)
         # Per-thread state lives in a threading.local: it dies with its thread, while thread idents get reused.
         self._local = threading.local()
@@ -207,7 +209,7 @@ class Collector:
             count = len(buffer)  # spans appended after this point stay for the next flush
             items = buffer[:count]
             del buffer[:count]
-            if self._writer is None or self._closed:
+            if self._writer is None or self._closed or os.getpid() != self._pid:
                 return
             if items:
                 self._writer.submit(items)
