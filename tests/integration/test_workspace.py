@@ -59,14 +59,19 @@ def test_declared_dependencies_cover_imports(package: str) -> None:
     module_to_distribution = {"pynvml": "nvidia-ml-py", "yaml": "pyyaml"}
     imported = imported_top_level_modules(PACKAGES[package] / "src") - {package}
     third_party = {m for m in imported if m not in sys.stdlib_module_names}
-    missing = {m for m in third_party if module_to_distribution.get(m, m) not in declared}
+    missing = {m for m in third_party if _normalise(module_to_distribution.get(m, m)) not in declared}
     assert not missing, f"{package} imports {sorted(missing)} without declaring them"
 
 
 def _requirement_name(requirement: str) -> str:
     for stop in "<>=!~[; ":
         requirement = requirement.split(stop, maxsplit=1)[0]
-    return requirement.strip().lower().replace("_", "-")
+    return _normalise(requirement)
+
+
+def _normalise(name: str) -> str:
+    """Distribution names compare without case and with '-' for '_' (flash_attn is the module of flash-attn)."""
+    return name.strip().lower().replace("_", "-")
 
 
 @pytest.mark.parametrize("command", sorted(PACKAGES))
