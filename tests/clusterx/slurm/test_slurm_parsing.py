@@ -1,8 +1,10 @@
 """Pure functions of the Slurm backend: state mapping, exit codes, host lists, command output parsing."""
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
+from clusterx.backends.slurm import SlurmBackend
 from clusterx.backends.slurm.backend import _end_from_file, split_backend_id
 from clusterx.backends.slurm.nodelist import HostlistError, expand_hostlist, rank_to_host
 from clusterx.backends.slurm.records import (
@@ -20,6 +22,7 @@ from clusterx.backends.slurm.states import (
     normalize_state,
     parse_exit_code,
 )
+from clusterx.errors import BackendError
 from clusterx.states import JobState
 
 # Every state the task names, with the canonical state a user expects (see docs/clusterx-slurm.md).
@@ -190,3 +193,9 @@ def test_exit_code_file_fallback() -> None:
     parsed = parse_status_file("start=100\nprocs_per_node=4\nnodelist=a[1-2]\nexit=0\nend=110\n")
     assert parsed.started_at == datetime.fromtimestamp(100, UTC)
     assert (parsed.nodelist, parsed.procs_per_node) == ("a[1-2]", 4)
+
+
+def test_missing_slurm_commands_are_one_clear_error(tmp_path: Path) -> None:
+    backend = SlurmBackend({"bin_dir": str(tmp_path), "state_dir": str(tmp_path)})
+    with pytest.raises(BackendError, match=r"squeue not found; install Slurm's client commands or set .* bin_dir"):
+        backend.poll(["12;alpha"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from clusterx.backends.base import BackendStatus, SubmitRequest
@@ -98,7 +99,8 @@ class SlurmBackend:
         statuses: dict[str, BackendStatus] = {}
         for cluster, ids in by_cluster.items():
             for job_id, status in self._poll_cluster(list(ids), cluster).items():
-                statuses[ids[job_id]] = status
+                # Reported under the id the caller gave, cluster suffix included.
+                statuses[ids[job_id]] = replace(status, backend_job_id=ids[job_id])
         return statuses
 
     def _poll_cluster(self, job_ids: list[str], cluster: str | None) -> dict[str, BackendStatus]:
