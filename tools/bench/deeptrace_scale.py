@@ -9,8 +9,8 @@ fresh subprocess, it runs
   deeptrace: `deeptrace analyze DIR --json --no-png --output OUT`
   HTA:       `TraceAnalysis(trace_dir=DIR).get_comm_comp_overlap(visualize=False)`
 
-and measures wall time and peak RSS of the whole process tree (the process and every child, summed, polled
-every 20 ms with psutil). The per-rank overlap of both is compared too.
+and measures wall time, CPU time and peak RSS of the whole process tree (the process and every child, summed, polled
+every 100 ms with psutil). The per-rank overlap of both is compared too.
 
 Last line, JSON: {"speedup_vs_hta": .., "rss_ratio_vs_hta": .., ...}. Targets: speedup >= 5, RSS ratio <= 0.25.
 
@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -134,8 +135,9 @@ def write_rank(path: Path, rank: int, world: int, target_bytes: int) -> int:
     return emit.events
 
 
-def measure(cmd: list[str], cwd: Path) -> tuple[float, int, str]:
-    """Wall seconds, peak RSS bytes of the process tree, stdout."""
+def measure(cmd: list[str], cwd: Path) -> tuple[float, float, int, str]:
+    """Wall seconds, CPU seconds (user + system, the whole tree), peak RSS bytes of the process tree, stdout."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     ps = psutil.Process(proc.pid)
@@ -154,7 +156,7 @@ def measure(cmd: list[str], cwd: Path) -> tuple[float, int, str]:
                 peak = max(peak, total)
             except psutil.Error:
                 pass
-            time.sleep(0.02)
+            time.sleep(0.1)  # a /proc scan per poll: more often would steal CPU from what is measured
 
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
@@ -164,7 +166,10 @@ def measure(cmd: list[str], cwd: Path) -> tuple[float, int, str]:
     poller.join()
     if proc.returncode not in (0,):
         raise SystemExit(f"{cmd[:3]} failed with exit code {proc.returncode}")
-    return wall, peak, out
+    # Children's CPU time counts once they are waited for: deeptrace and HTA wait for their worker processes.
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, peak, out
 
 
 HTA_SCRIPT = """
@@ -195,7 +200,7 @@ def main() -> None:
               file=sys.stderr)  # fmt: skip
         deeptrace = [str(Path(sys.executable).parent / "deeptrace"), "analyze", str(traces), "--json", "--no-png",
                      "--output", str(work / "out")]  # fmt: skip
-        dt_wall, dt_rss, dt_out = measure(deeptrace, work)
+        dt_wall, dt_cpu, dt_rss, dt_out = measure(deeptrace, work)
         ours = {int(r): v["overlap_pct"] for r, v in json.loads(dt_out)["ranks"].items()}
         print(f"deeptrace: {dt_wall:.1f} s, peak RSS {dt_rss / 2**20:.0f} MiB", file=sys.stderr)
         result: dict[str, Any] = {
@@ -203,17 +208,20 @@ def main() -> None:
             "mb_per_rank": round(size / 1e6 / args.ranks, 1),
             "events_per_rank": events // args.ranks,
             "deeptrace_wall_s": round(dt_wall, 2),
+            "deeptrace_cpu_s": round(dt_cpu, 2),
             "deeptrace_peak_rss_mib": round(dt_rss / 2**20),
             "cpus": os.cpu_count(),
             "machine": platform.node(),
             "date": time.strftime("%Y-%m-%d"),
         }
         if not args.skip_hta:
-            hta_wall, hta_rss, hta_out = measure([sys.executable, "-c", HTA_SCRIPT, str(traces)], work)
+            hta_wall, hta_cpu, hta_rss, hta_out = measure([sys.executable, "-c", HTA_SCRIPT, str(traces)], work)
             theirs = {int(r): v for r, v in json.loads(hta_out.strip().splitlines()[-1]).items()}
             print(f"HTA: {hta_wall:.1f} s, peak RSS {hta_rss / 2**20:.0f} MiB", file=sys.stderr)
             result |= {
                 "hta_wall_s": round(hta_wall, 2),
+                "hta_cpu_s": round(hta_cpu, 2),
+                "cpu_time_ratio_hta_over_deeptrace": round(hta_cpu / dt_cpu, 2),
                 "hta_peak_rss_mib": round(hta_rss / 2**20),
                 "max_overlap_diff_pct": round(max(abs(ours[r] - theirs[r]) for r in theirs), 3),
                 "speedup_vs_hta": round(hta_wall / dt_wall, 2),
