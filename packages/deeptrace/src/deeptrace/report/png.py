@@ -18,7 +18,7 @@ def write_png(report: dict[str, Any], analysis: RunAnalysis, path: Path) -> None
     import matplotlib.pyplot as plt  # noqa: PLC0415  # lazy: keeps --help and light commands fast
 
     ranks = list(report["ranks"])
-    height = max(3.0, 0.35 * len(ranks) + 1.5)
+    height = min(12.0, max(3.0, 0.35 * len(ranks) + 1.5))  # hundreds of ranks: thinner bars, not a huge image
     fig, (bars, timeline) = plt.subplots(2, 1, figsize=(11, 2 * height), constrained_layout=True)
 
     # Mean per step, so ranks with different numbers of steps compare.

@@ -7,6 +7,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+MAX_STEPS_PER_RANK = 20
+MAX_ARRIVAL_ROWS = 32
+MAX_STEP_ROWS = 64  # beyond this the terminal shows a pointer; the files have every step
+
 
 def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value:,.2f}"
@@ -39,11 +43,20 @@ def render_terminal(report: dict[str, Any], console: Console) -> None:
         )
     console.print(table)
 
+    rows = sum(min(len(r["steps"]), MAX_STEPS_PER_RANK) for r in ranks.values())
+    if rows > MAX_STEP_ROWS:
+        console.print(f"Per-step figures of {len(ranks)} ranks: in report.json and report.md.")
+    else:
+        _steps_table(ranks, console)
+    _collectives(report, console)
+
+
+def _steps_table(ranks: dict[str, Any], console: Console) -> None:
     steps = Table(title="Per rank and step (ms)", title_justify="left")
     for header in ("rank", "step", "window", "compute", "exposed comm", "memory", "idle", "overlap"):
         steps.add_column(header, justify="right")
     for rank, r in ranks.items():
-        for s in r["steps"][:20]:
+        for s in r["steps"][:MAX_STEPS_PER_RANK]:
             steps.add_row(
                 rank,
                 "—" if s["step"] is None else str(s["step"]),
@@ -56,6 +69,9 @@ def render_terminal(report: dict[str, Any], console: Console) -> None:
             )
     console.print(steps)
 
+
+def _collectives(report: dict[str, Any], console: Console) -> None:
+    ranks = report["ranks"]
     coll = report["collectives"]
     if coll["matched"]:
         skew = coll["skew_ms"]
@@ -67,7 +83,10 @@ def render_terminal(report: dict[str, Any], console: Console) -> None:
         arrivals = Table(title="Arrivals at matched collectives", title_justify="left")
         for header in ("rank", "collectives", "arrived last", "share", "others waited for it (ms)", "it waited (ms)"):
             arrivals.add_column(header, justify="right")
-        for rank, r in ranks.items():
+        shown = sorted(ranks.items(), key=lambda kv: -kv[1]["collectives"]["caused_wait_ms"])[:MAX_ARRIVAL_ROWS]
+        if len(ranks) > MAX_ARRIVAL_ROWS:
+            arrivals.caption = f"the {MAX_ARRIVAL_ROWS} ranks that caused the most waiting; all in report.json"
+        for rank, r in sorted(shown, key=lambda kv: int(kv[0])):
             c = r["collectives"]
             if c["matched"]:
                 arrivals.add_row(
