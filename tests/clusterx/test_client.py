@@ -163,3 +163,31 @@ def test_repeated_submit_recovers_a_job_its_submitter_left_pending(client: Clien
     assert record["state"] == "QUEUED" and record["backend_job_id"].startswith("fake-")
     assert client.submit(spec)["backend_job_id"] == record["backend_job_id"]  # handed over once only
     assert len(list(fake_dir.glob("*.json"))) == 1
+
+
+def test_an_unreachable_backend_leaves_jobs_as_last_seen_and_says_so(db_url: str, tmp_path: Path) -> None:
+    """slurmctld down: `list` and `describe` still answer, with the reason, instead of failing."""
+    bin_dir = tmp_path / "slurm-bin"
+    bin_dir.mkdir()
+    # sbatch accepts the job; squeue then fails the way it does when the controller is unreachable.
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 4242\n")
+    (bin_dir / "squeue").write_text(
+        "#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\nexit 1\n"
+    )
+    for program in ("sbatch", "squeue"):
+        (bin_dir / program).chmod(0o755)
+    client = Client(db_url, runs_dir=tmp_path / "runs", poll_interval_s=0)
+    spec = JobSpec.from_mapping(
+        {
+            "command": ["train"],
+            "backend": "slurm",
+            "backend_options": {"bin_dir": str(bin_dir), "state_dir": str(tmp_path / "st")},
+        }
+    )
+    job_id = client.submit(spec)["id"]
+    records = client.list()
+    assert [r["id"] for r in records] == [job_id]
+    assert records[0]["state"] == "QUEUED"
+    assert len(client.poll_errors) == 1
+    assert "Unable to contact slurm controller" in client.poll_errors[0]
+    assert client.describe(job_id)["state"] == "QUEUED"

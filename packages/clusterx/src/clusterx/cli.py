@@ -206,7 +206,9 @@ def list_jobs(
 ) -> None:
     """List jobs, newest first."""
     wanted = _parse_states(states)
-    records = _client(ctx).list(states=wanted, user=user, name=name, backend=backend, limit=limit or None)
+    client = _client(ctx)
+    records = client.list(states=wanted, user=user, name=name, backend=backend, limit=limit or None)
+    _warn_poll_errors(client)
     if as_json:
         click.echo(json.dumps(records, indent=2))
         return
@@ -217,6 +219,12 @@ def list_jobs(
             f"{r['id']:>6}  {r['name'][:24]:<24} {r['user'][:10]:<10} {r['backend']:<7} {r['state']:<10} "
             f"{r['attempt']:>3} {exit_code:>4}  {r['created_at'][:19]}"
         )
+
+
+def _warn_poll_errors(client: Client) -> None:
+    """A backend that could not be asked leaves its jobs as last seen: say so on stderr, keep stdout clean."""
+    for message in client.poll_errors:
+        click.echo(f"warning: {message}; states shown are the last ones seen", err=True)
 
 
 def _parse_states(states: tuple[str, ...]) -> list[str]:
@@ -237,7 +245,9 @@ def _parse_states(states: tuple[str, ...]) -> list[str]:
 @user_errors
 def describe(ctx: click.Context, job_id: int, as_json: bool) -> None:
     """Show one job: its record, attempts and state changes."""
-    record = _client(ctx).describe(job_id)
+    client = _client(ctx)
+    record = client.describe(job_id)
+    _warn_poll_errors(client)
     if as_json:
         click.echo(json.dumps(record, indent=2))
         return

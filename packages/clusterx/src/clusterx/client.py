@@ -23,7 +23,7 @@ from clusterx.backends import get_backend, is_pollable
 from clusterx.backends.base import Backend, BackendStatus, SubmitRequest
 from clusterx.db.engine import resolve_db_url
 from clusterx.db.models import Job, utcnow
-from clusterx.errors import ClusterxError, JobStateError, NotOwnerError, ResourceError, SpecError
+from clusterx.errors import BackendError, ClusterxError, JobStateError, NotOwnerError, ResourceError, SpecError
 from clusterx.paths import attempt_dir, default_runs_dir
 from clusterx.record import job_record
 from clusterx.spec import JobSpec
@@ -54,6 +54,9 @@ class Client:
         self.runs_dir = Path(runs_dir) if runs_dir else default_runs_dir(self.url)
         self.poll_interval_s = poll_interval_s
         self._last_poll = float("-inf")
+        # Backends that could not be asked at the last poll (e.g. slurmctld down), one message each: the jobs keep
+        # the state last seen, and the CLI shows these as warnings instead of failing `list` and `describe`.
+        self.poll_errors: list[str] = []
         self._backends: dict[tuple[str, tuple[tuple[str, str], ...]], Backend] = {}
 
     def close(self) -> None:
@@ -251,6 +254,7 @@ class Client:
         if not force and now - self._last_poll < self.poll_interval_s:
             return
         self._last_poll = now
+        self.poll_errors = []
         live = self.store.live_jobs(["slurm", "fake"])
         groups: dict[tuple[str, tuple[tuple[str, str], ...]], list[Job]] = {}
         for job in live:
@@ -259,7 +263,11 @@ class Client:
                 groups.setdefault((job.backend, options), []).append(job)
         for (name, options), jobs in groups.items():
             backend = self._backend(name, dict(options))
-            statuses = backend.poll([job.backend_job_id for job in jobs if job.backend_job_id])
+            try:
+                statuses = backend.poll([job.backend_job_id for job in jobs if job.backend_job_id])
+            except BackendError as error:
+                self.poll_errors.append(f"could not ask the {name} backend about {len(jobs)} live job(s): {error}")
+                continue
             for job in jobs:
                 status = statuses.get(job.backend_job_id or "")
                 if status is not None:

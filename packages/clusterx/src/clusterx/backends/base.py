@@ -53,7 +53,12 @@ class Backend(Protocol):
         ...
 
     def poll(self, backend_job_ids: Sequence[str]) -> dict[str, BackendStatus]:
-        """Status of many jobs in one call; ids the backend no longer knows are left out."""
+        """Status of many jobs in one call.
+
+        An id the backend cannot find anywhere is either left out (the client marks it LOST after a grace period)
+        or reported as LOST with the reason (Slurm, which also searches its accounting and exit-code files).
+        Raises BackendError when the backend cannot be asked at all; the client then keeps the jobs as last seen.
+        """
         ...
 
     def cancel(self, backend_job_id: str) -> None:
