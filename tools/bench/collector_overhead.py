@@ -6,15 +6,21 @@ collectives are small memory copies standing in for communication. The same list
 with every operation recorded (a span or a collective, plus step_begin/step_end), interleaved step by step in
 alternating order so the machine's drift hits both alike.
 
+A third variant runs the same instrumented loop with context managers that do nothing, which separates the cost of
+instrumenting with `with` statements at all from the collector's own.
+
 Prints one JSON line:
   overhead_pct           traced / plain - 1 of the median step's CPU time on the training thread, in percent: what
                          delays the training loop (other processes on a shared machine do not count)
   overhead_pct_process_cpu  the same with the CPU time of the collector's own threads (the trace writer packs and
                          writes in the background) added: the cost where the machine has no idle core for them
   overhead_pct_wall      the same from wall time (noisy where the machine is shared)
-  overhead_pct_estimate  spans_per_step * ns_per_span / plain step CPU time
-  ns_per_span            CPU cost of one span or collective with nothing inside, packing and writing included
-  step_ms, step_cpu_ms   median plain step, wall and CPU time
+  bare_with_pct          do-nothing context managers / plain - 1: the floor of any `with`-based instrumentation
+  collector_beyond_bare_pct  traced / do-nothing - 1: the collector's own share
+  overhead_pct_estimate  spans_per_step * ns_per_span / plain step CPU time (from a tight loop, warm caches)
+  ns_per_span            training-thread CPU cost of one empty span or collective, tight loop
+  ns_per_span_with_writer  the same plus the writer thread's packing and writing
+  step_ms, step_cpu_ms   median plain step, wall and training-thread CPU time
 Target: overhead <= 1 % of the step time.
 
 Usage: python tools/bench/collector_overhead.py [--steps 60] [--layers 28]
@@ -99,7 +105,38 @@ def step_plain(ops: list[Op]) -> None:
         op.run()
 
 
-def step_traced(ops: list[Op], collector: Collector, step: int) -> None:
+class _Bare:
+    """A context manager that does nothing: what any `with`-based instrumentation costs before it records."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_BARE = _Bare()
+
+
+class BareCollector:
+    """The Collector's interface doing nothing, to separate the collector's own cost from the `with` statements'."""
+
+    def step_begin(self, step: int) -> None:
+        return None
+
+    def step_end(self, step: int) -> None:
+        return None
+
+    def span(self, name: str, category: Category, *, layer: int | None = None) -> _Bare:
+        return _BARE
+
+    def collective(self, name: str, group: str, *, nbytes: int | None = None) -> _Bare:
+        return _BARE
+
+
+def step_traced(ops: list[Op], collector: Collector | BareCollector, step: int) -> None:
     collector.step_begin(step)
     for op in ops:
         if op.group is not None:
@@ -111,26 +148,27 @@ def step_traced(ops: list[Op], collector: Collector, step: int) -> None:
     collector.step_end(step)
 
 
-def ns_per_span(run_dir: Path, count: int = 200_000) -> float:
-    """CPU cost of one span, all of it: recording empty spans and collectives (half each) in a tight loop, then
-    packing and writing them (the writer thread's work, waited for), divided by the count. Measured in process CPU
-    time so that other processes on the machine do not inflate it."""
+def ns_per_span(run_dir: Path, count: int = 200_000) -> tuple[float, float]:
+    """CPU cost of one span in a tight loop of empty spans and collectives (half each): (on the recording thread,
+    in all, the writer thread's packing and writing included). Measured in CPU time, so that other processes on
+    the machine do not inflate it."""
     from deeptrace.collect import Collector
     from deeptrace.spans import Category
 
     collector = Collector(run_dir, 0, 1, heartbeat_interval_s=None, buffer_spans=count + 1)
     collector.step_begin(0)
-    start = time.process_time_ns()
+    start, start_main = time.process_time_ns(), time.thread_time_ns()
     for index in range(count // 2):
         with collector.span("empty", Category.COMPUTE, layer=index & 7):
             pass
         with collector.collective("empty_collective", group="bench", nbytes=8):
             pass
+    main = time.thread_time_ns() - start_main
     collector.step_end(0)
     collector.flush(wait=True)
     elapsed = time.process_time_ns() - start
     collector.close()
-    return elapsed / count
+    return main / count, elapsed / count
 
 
 def main() -> None:
@@ -146,47 +184,51 @@ def main() -> None:
     from deeptrace.collect import Collector
 
     ops = build_step(args.layers)
+    variants = ("plain", "bare", "traced")
     with tempfile.TemporaryDirectory() as tmp:
         collector = Collector(Path(tmp) / "run", 0, 1)
+        bare = BareCollector()
         for warmup in range(5):
             step_plain(ops)
+            step_traced(ops, bare, warmup)
             step_traced(ops, collector, warmup)
-        # Per step: wall time, and the CPU time of the whole process (the collector's threads included), which
-        # other processes on a shared machine do not inflate.
-        wall: dict[str, list[int]] = {"plain": [], "traced": []}
-        cpu: dict[str, list[int]] = {"plain": [], "traced": []}
-        main_cpu: dict[str, list[int]] = {"plain": [], "traced": []}
+        # Per step: the training thread's CPU time, the whole process's (the collector's threads included) and
+        # wall time. CPU times are what other processes on a shared machine do not inflate.
+        main_cpu: dict[str, list[int]] = {v: [] for v in variants}
+        cpu: dict[str, list[int]] = {v: [] for v in variants}
+        wall: dict[str, list[int]] = {v: [] for v in variants}
         for step in range(args.steps):
-            # Alternate which variant goes first, so neither always runs on a warmer cache.
-            order = ("plain", "traced") if step % 2 == 0 else ("traced", "plain")
-            for variant in order:
-                start_wall, start_cpu, start_main = (
-                    time.perf_counter_ns(),
-                    time.process_time_ns(),
-                    time.thread_time_ns(),
-                )
+            # Rotate which variant goes first, so none always runs on a warmer cache.
+            for variant in variants[step % 3 :] + variants[: step % 3]:
+                start_wall, start_cpu = time.perf_counter_ns(), time.process_time_ns()
+                start_main = time.thread_time_ns()
                 if variant == "plain":
                     step_plain(ops)
+                elif variant == "bare":
+                    step_traced(ops, bare, step + 5)
                 else:
                     step_traced(ops, collector, step + 5)
                 main_cpu[variant].append(time.thread_time_ns() - start_main)
-                wall[variant].append(time.perf_counter_ns() - start_wall)
                 cpu[variant].append(time.process_time_ns() - start_cpu)
+                wall[variant].append(time.perf_counter_ns() - start_wall)
         collector.close()
         trace_bytes = (Path(tmp) / "run" / "trace" / "rank-0.dtr").stat().st_size
-        per_span = ns_per_span(Path(tmp) / "tight", args.tight_spans)
+        per_span_main, per_span = ns_per_span(Path(tmp) / "tight", args.tight_spans)
 
-    def overhead(times: dict[str, list[int]]) -> float:
-        return 100 * (statistics.median(times["traced"]) / statistics.median(times["plain"]) - 1)
+    def overhead(times: dict[str, list[int]], variant: str = "traced", base: str = "plain") -> float:
+        return round(100 * (statistics.median(times[variant]) / statistics.median(times[base]) - 1), 3)
 
     spans_per_step = len(ops) + 1  # the step window too
-    step_cpu_ns = statistics.median(cpu["plain"])
+    step_cpu_ns = statistics.median(main_cpu["plain"])
     result = {
-        "overhead_pct": round(overhead(main_cpu), 3),
-        "overhead_pct_process_cpu": round(overhead(cpu), 3),
-        "overhead_pct_wall": round(overhead(wall), 3),
-        "overhead_pct_estimate": round(100 * spans_per_step * per_span / step_cpu_ns, 3),
-        "ns_per_span": round(per_span, 1),
+        "overhead_pct": overhead(main_cpu),
+        "overhead_pct_process_cpu": overhead(cpu),
+        "overhead_pct_wall": overhead(wall),
+        "bare_with_pct": overhead(main_cpu, "bare"),
+        "collector_beyond_bare_pct": overhead(main_cpu, "traced", "bare"),
+        "overhead_pct_estimate": round(100 * spans_per_step * per_span_main / step_cpu_ns, 3),
+        "ns_per_span": round(per_span_main, 1),
+        "ns_per_span_with_writer": round(per_span, 1),
         "step_ms": round(statistics.median(wall["plain"]) / 1e6, 2),
         "step_cpu_ms": round(step_cpu_ns / 1e6, 2),
         "spans_per_step": spans_per_step,
