@@ -64,6 +64,23 @@ def test_heartbeat_reports_the_innermost_open_span(tmp_path: Path) -> None:
     assert beat.open_span is not None and (beat.open_span.name, beat.open_span.step) == ("attention", 3)
 
 
+def test_the_end_of_a_span_counts_as_progress_before_and_after_the_flush(tmp_path: Path) -> None:
+    with Collector(tmp_path, 0, 1, heartbeat_interval_s=None) as collector:
+        collector.step_begin(0)
+        time.sleep(0.1)
+        with collector.span("a", Category.COMPUTE):
+            time.sleep(0.1)
+        after_span = time.time()
+        collector.write_heartbeat()
+        buffered = _beat(tmp_path)
+        collector.flush(wait=True)
+        collector.write_heartbeat()
+        flushed = _beat(tmp_path)
+    # The span ended just before `after_span`, 0.2 s after the step began: that end is the latest progress.
+    assert buffered.last_event_wall_s == pytest.approx(after_span, abs=0.02)
+    assert flushed.last_event_wall_s == buffered.last_event_wall_s
+
+
 def test_thread_keeps_rewriting_while_the_training_thread_is_blocked(tmp_path: Path) -> None:
     with Collector(tmp_path, 0, 2, heartbeat_interval_s=0.05) as collector:
         collector.step_begin(1)

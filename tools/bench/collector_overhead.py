@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # imported in main(), after BLAS is limited to one thread (de
     from deeptrace.collect import Collector
     from deeptrace.spans import Category
 
-TOKENS, HIDDEN, EXPERT_HIDDEN = 128, 256, 256
+HIDDEN, EXPERT_HIDDEN = 256, 256
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,12 @@ class Op:
     nbytes: int = 0
 
 
-def build_step(layers: int, seed: int = 0) -> list[Op]:
+def build_step(layers: int, tokens: int, seed: int = 0) -> list[Op]:
     import numpy as np
     from deeptrace.spans import Category
 
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((TOKENS, HIDDEN), dtype=np.float32)
+    x = rng.standard_normal((tokens, HIDDEN), dtype=np.float32)
     w_attn = rng.standard_normal((HIDDEN, HIDDEN), dtype=np.float32)
     w_up = rng.standard_normal((HIDDEN, EXPERT_HIDDEN), dtype=np.float32)
     w_down = rng.standard_normal((EXPERT_HIDDEN, HIDDEN), dtype=np.float32)
@@ -175,6 +175,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60, help="measured step pairs")
     parser.add_argument("--layers", type=int, default=28)
+    parser.add_argument("--tokens", type=int, default=128, help="rows of the matmuls: scales the compute per span")
     parser.add_argument("--tight-spans", type=int, default=200_000, help="spans of the per-span cost loop")
     args = parser.parse_args()
 
@@ -183,7 +184,7 @@ def main() -> None:
         os.environ.setdefault(var, "1")
     from deeptrace.collect import Collector
 
-    ops = build_step(args.layers)
+    ops = build_step(args.layers, args.tokens)
     variants = ("plain", "bare", "traced")
     with tempfile.TemporaryDirectory() as tmp:
         collector = Collector(Path(tmp) / "run", 0, 1)
@@ -233,6 +234,7 @@ def main() -> None:
         "step_cpu_ms": round(step_cpu_ns / 1e6, 2),
         "spans_per_step": spans_per_step,
         "steps": args.steps,
+        "tokens": args.tokens,
         "trace_bytes_per_span": round(trace_bytes / ((args.steps + 5) * spans_per_step), 1),
     }
     print(json.dumps(result))

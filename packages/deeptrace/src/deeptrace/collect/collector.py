@@ -42,6 +42,8 @@ from deeptrace.rundir.records import ClockRef, HeartbeatState, RankClock
 from deeptrace.rundir.writer import RunDirectoryError, process_identity
 from deeptrace.spans import Category
 
+_new = object.__new__
+
 
 class Collector:
     """Records one rank's spans into RUN_DIR/trace/rank-{R}.dtr and keeps RUN_DIR/heartbeat/rank-{R}.json.
@@ -84,7 +86,7 @@ class Collector:
         self._closed = False
         host, pid = process_identity()
         self._pid = pid  # a forked child (a data-loader worker) inherits this object but none of its threads
-        self._live = LiveHeartbeat(rank=rank, world_size=world_size, host=host, pid=pid)
+        self._live = LiveHeartbeat(rank=rank, world_size=world_size, host=host, pid=pid, records=self._buffer)
         # Per-thread state lives in a threading.local: it dies with its thread, while thread idents get reused.
         self._local = threading.local()
         self._local.state = ThreadState("main", self._live.open_spans)
@@ -120,7 +122,16 @@ class Collector:
 
         `step` defaults to the step begun last.
         """
-        return SpanContext(self, name, category, self._step if step is None else step, layer, nbytes)
+        if category not in KNOWN_CATEGORIES:
+            raise unknown_category(category)
+        context = _new(SpanContext)
+        context.collector = self
+        context.name = name
+        context.category = category
+        context.step = self._step if step is None else step
+        context.layer = layer
+        context.nbytes = nbytes
+        return context
 
     def collective(
         self,
@@ -136,7 +147,14 @@ class Collector:
         Every rank of a group calls its collectives in the same order, so (group, seq) names the same collective
         on every rank: that is how the analysis matches them and how the hang diagnosis finds who never arrived.
         """
-        return CollectiveContext(self, name, group, seq, self._step if step is None else step, nbytes)
+        context = _new(CollectiveContext)
+        context.collector = self
+        context.name = name
+        context.group = group
+        context.seq = seq
+        context.step = self._step if step is None else step
+        context.nbytes = nbytes
+        return context
 
     def record(
         self,
@@ -209,6 +227,7 @@ class Collector:
             count = len(buffer)  # spans appended after this point stay for the next flush
             items = buffer[:count]
             del buffer[:count]
+            self._live.note_progress_in(items)
             if self._writer is None or self._closed or os.getpid() != self._pid:
                 return
             if items:

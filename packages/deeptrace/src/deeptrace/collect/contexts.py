@@ -43,24 +43,17 @@ class SpanContext:
 
     __slots__ = ("category", "collector", "depth", "end_ns", "layer", "name", "nbytes", "start_ns", "step", "thread")
 
-    # Positional on purpose: keyword passing costs a noticeable share of a span.
-    def __init__(  # noqa: PLR0917
-        self,
-        collector: Collector,
-        name: str,
-        category: Category,
-        step: int | None,
-        layer: int | None,
-        nbytes: int | None,
-    ) -> None:
-        if category not in KNOWN_CATEGORIES:
-            raise unknown_category(category)
-        self.collector = collector
-        self.name = name
-        self.category = category
-        self.step = step
-        self.layer = layer
-        self.nbytes = nbytes
+    # Made by Collector.span (object.__new__ and six stores: a Python __init__ frame costs a noticeable share).
+    collector: Collector
+    name: str
+    category: Category
+    step: int | None
+    layer: int | None
+    nbytes: int | None
+    start_ns: int
+    end_ns: int
+    depth: int
+    thread: ThreadState
 
     def __enter__(self) -> SpanContext:
         try:
@@ -70,15 +63,15 @@ class SpanContext:
         self.thread = thread
         stack = thread.stack
         self.depth = len(stack)
+        self.start_ns = monotonic_ns()  # before the push: the heartbeat thread reads the stack's spans
         stack.append(self)
-        self.start_ns = monotonic_ns()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.end_ns = end = monotonic_ns()
+        self.end_ns = monotonic_ns()
         self.thread.stack.pop()
         collector = self.collector
-        collector._live.last_event_ns = end
+        # No heartbeat store: the heartbeat finds this span's end as the newest item of the buffer.
         buffer = collector._buffer
         buffer.append(self)
         if len(buffer) >= collector._buffer_limit:
@@ -102,16 +95,17 @@ class CollectiveContext:
     )
 
     category = Category.COMM
-
-    def __init__(  # noqa: PLR0917
-        self, collector: Collector, name: str, group: str, seq: int | None, step: int | None, nbytes: int | None
-    ) -> None:
-        self.collector = collector
-        self.name = name
-        self.group = group
-        self.seq = seq  # assigned on entry when None
-        self.step = step
-        self.nbytes = nbytes
+    # Made by Collector.collective, like SpanContext.
+    collector: Collector
+    name: str
+    group: str
+    seq: int | None  # assigned on entry when None
+    step: int | None
+    nbytes: int | None
+    start_ns: int
+    end_ns: int
+    depth: int
+    thread: ThreadState
 
     def __enter__(self) -> CollectiveContext:
         collector = self.collector
@@ -127,8 +121,8 @@ class CollectiveContext:
         self.thread = thread
         stack = thread.stack
         self.depth = len(stack)
-        stack.append(self)
         self.start_ns = start = monotonic_ns()
+        stack.append(self)
         live = collector._live
         live.entered = (self.name, group, seq, start)
         marks = live.groups.get(group)

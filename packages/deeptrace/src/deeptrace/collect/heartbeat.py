@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from deeptrace.rundir import layout
 from deeptrace.rundir.jsonio import dumps, write_atomically
@@ -46,15 +47,28 @@ class LiveHeartbeat:
     left: tuple[str, str, int, int] | None = None
     groups: dict[str, list[int | None]] = field(default_factory=dict)  # group -> [entered seq, left seq]
     open_spans: list[OpenSpan] = field(default_factory=list)  # the training thread's stack of open spans
+    # The collector's buffer (the same list): a span's end is progress, found there rather than stored per span.
+    records: list[Any] = field(default_factory=list)
     error: str | None = None
 
     def latest_progress_ns(self) -> int:
-        """The latest event: stored as it happens, except a span's entry, which is the innermost open span's start
-        (read from another thread, so the stack may be emptied under our feet)."""
+        """The latest event: a step or collective boundary (stored as it happens), the innermost open span's start,
+        or the end of the newest span in the buffer. The stack and the buffer belong to other threads and may
+        change under our feet, hence the suppressed IndexError."""
         latest = self.last_event_ns
         with contextlib.suppress(IndexError):
             latest = max(latest, self.open_spans[-1].start_ns)
+        with contextlib.suppress(IndexError):
+            latest = max(latest, _context_end(self.records[-1]))
         return latest
+
+    def note_progress_in(self, items: list[Any]) -> None:
+        """Remember the newest span end of items leaving the buffer (they no longer show in `records`)."""
+        for item in reversed(items):
+            end = _context_end(item)
+            if end:
+                self.last_event_ns = max(self.last_event_ns, end)
+                return
 
     def snapshot(self, clock: ClockRef, written_ns: int) -> Heartbeat:
         def wall_s(mono_ns: int) -> float:
@@ -92,6 +106,11 @@ class LiveHeartbeat:
 MIN_GAP_S = 0.5  # at most 2 rewrites a second, however short the steps
 
 
+def _context_end(item: object) -> int:
+    """The end of a span the collector timed itself; 0 for spans timed elsewhere (their times may be anything)."""
+    return 0 if isinstance(item, tuple) else int(getattr(item, "end_ns", 0))
+
+
 class HeartbeatWriter:
     """Rewrites one rank's heartbeat file from a daemon thread; `interval_s=None` writes only when asked."""
 
@@ -106,6 +125,7 @@ class HeartbeatWriter:
         self._lock = threading.Lock()  # one writer of the file at a time (thread and explicit writes)
         self._thread: threading.Thread | None = None
         self._last_write_ns = 0
+        self._warned = False
         self.write()
         if interval_s is not None:
             self._thread = threading.Thread(target=self._run, name=f"deeptrace-heartbeat-{state.rank}", daemon=True)
@@ -124,8 +144,12 @@ class HeartbeatWriter:
                 if self._stop.is_set():
                     return
             # A failed write (disk full, folder removed) must never kill the training job; the next one retries.
-            with contextlib.suppress(OSError):
+            try:
                 self.write()
+            except Exception as error:
+                if not self._warned:
+                    self._warned = True
+                    warnings.warn(f"deeptrace: heartbeat not written to {self.path}: {error!r}", stacklevel=1)
 
     def write(self) -> None:
         """Write the heartbeat file now, from the calling thread."""
