@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -96,6 +97,17 @@ def test_thread_keeps_rewriting_while_the_training_thread_is_blocked(tmp_path: P
     assert blocked.in_collective is not None and blocked.in_collective.name == "all_reduce"
     assert blocked.last_event_wall_s == pytest.approx(blocked.in_collective.wall_s, abs=1e-6)
     assert blocked.written_wall_s - blocked.last_event_wall_s > 0.1
+
+
+def test_the_thread_survives_a_failed_write(tmp_path: Path) -> None:
+    with Collector(tmp_path, 0, 1, heartbeat_interval_s=0.05) as collector:
+        folder = layout.heartbeat_dir(tmp_path)
+        shutil.rmtree(folder)  # every write fails now
+        with pytest.warns(UserWarning, match="heartbeat not written"):
+            time.sleep(0.3)
+        folder.mkdir()
+        collector.step_begin(5)
+        _wait_for(lambda: layout.heartbeat_path(tmp_path, 0).is_file() and _beat(tmp_path).step == 5)
 
 
 def test_step_end_asks_for_a_rewrite(tmp_path: Path) -> None:

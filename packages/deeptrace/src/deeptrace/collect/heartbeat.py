@@ -132,24 +132,27 @@ class HeartbeatWriter:
             self._thread.start()
 
     def _run(self) -> None:
+        assert self.interval_s is not None
+        # Step ends faster than this would rewrite the file at every step: space those writes.
+        min_gap_ns = int(min(MIN_GAP_S, self.interval_s) * 1e9)
         while True:
-            self._wake.wait(self.interval_s)
+            woken = self._wake.wait(self.interval_s)
             self._wake.clear()
             if self._stop.is_set():
                 return
-            # Steps shorter than MIN_GAP_S would otherwise rewrite the file at every step end: space the writes.
             since_ns = time.monotonic_ns() - self._last_write_ns
-            if since_ns < MIN_GAP_S * 1e9:
-                time.sleep(MIN_GAP_S - since_ns / 1e9)
-                if self._stop.is_set():
-                    return
-            # A failed write (disk full, folder removed) must never kill the training job; the next one retries.
-            try:
-                self.write()
-            except Exception as error:
-                if not self._warned:
-                    self._warned = True
-                    warnings.warn(f"deeptrace: heartbeat not written to {self.path}: {error!r}", stacklevel=1)
+            if woken and since_ns < min_gap_ns and self._stop.wait((min_gap_ns - since_ns) / 1e9):
+                return
+            self._write_or_warn()
+
+    def _write_or_warn(self) -> None:
+        """Write; a failure (disk full, folder removed) is said once and never stops the job: the next one retries."""
+        try:
+            self.write()
+        except Exception as error:
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"deeptrace: heartbeat not written to {self.path}: {error!r}", stacklevel=1)
 
     def write(self) -> None:
         """Write the heartbeat file now, from the calling thread."""
@@ -170,4 +173,4 @@ class HeartbeatWriter:
             self._thread.join()
             self._thread = None
         self.state.state = final_state
-        self.write()
+        self._write_or_warn()
