@@ -137,6 +137,16 @@ def test_threads_recording_while_buffers_flush_lose_nothing(tmp_path: Path) -> N
         assert all(a.end_ns <= b.start_ns for a, b in itertools.pairwise(mine))
 
 
+def test_a_span_context_records_one_span_only(tmp_path: Path) -> None:
+    with Collector(tmp_path, 0, 1, heartbeat_interval_s=None) as collector:
+        for context in (collector.span("x", Category.COMPUTE), collector.collective("c", group="dp")):
+            with context:
+                pass
+            with pytest.raises(RuntimeError, match="entered twice"), context:
+                pass
+    assert [s.name for s in _spans(tmp_path)] == ["x", "c"]
+
+
 def test_unknown_category_is_refused(tmp_path: Path) -> None:
     with Collector(tmp_path, 0, 1, heartbeat_interval_s=None) as collector, pytest.raises(ValueError, match="category"):
         collector.span("x", "gpu")  # type: ignore[arg-type]

@@ -131,6 +131,7 @@ class Collector:
         context.step = self._step if step is None else step
         context.layer = layer
         context.nbytes = nbytes
+        context.start_ns = 0
         return context
 
     def collective(
@@ -154,6 +155,7 @@ class Collector:
         context.seq = seq
         context.step = self._step if step is None else step
         context.nbytes = nbytes
+        context.start_ns = 0
         return context
 
     def record(

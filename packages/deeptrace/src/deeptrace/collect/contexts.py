@@ -28,6 +28,14 @@ def unknown_category(category: object) -> ValueError:
     return ValueError(f"unknown span category {category!r}: use one of {[str(c) for c in Category]}")
 
 
+def reused(name: str) -> RuntimeError:
+    # The finished context object is the buffered span, so entering it again would overwrite a recorded span.
+    return RuntimeError(
+        f"the span context of {name!r} was entered twice: each `with` needs a new collector.span(...) or "
+        "collector.collective(...)"
+    )
+
+
 class ThreadState:
     """Per thread: its name as a track and its stack of open spans (nesting depth, heartbeat)."""
 
@@ -43,7 +51,8 @@ class SpanContext:
 
     __slots__ = ("category", "collector", "depth", "end_ns", "layer", "name", "nbytes", "start_ns", "step", "thread")
 
-    # Made by Collector.span (object.__new__ and six stores: a Python __init__ frame costs a noticeable share).
+    # Made by Collector.span (object.__new__ and a few stores: a Python __init__ frame costs a noticeable share).
+    # One context records one span: start_ns is 0 until it is entered, and a second entry is refused.
     collector: Collector
     name: str
     category: Category
@@ -56,6 +65,8 @@ class SpanContext:
     thread: ThreadState
 
     def __enter__(self) -> SpanContext:
+        if self.start_ns:
+            raise reused(self.name)
         try:
             thread = self.collector._local.state
         except AttributeError:  # the first span of this thread
@@ -108,6 +119,8 @@ class CollectiveContext:
     thread: ThreadState
 
     def __enter__(self) -> CollectiveContext:
+        if self.start_ns:
+            raise reused(self.name)
         collector = self.collector
         group = self.group
         seq = self.seq
