@@ -16,6 +16,7 @@ from tests.engine.moe.hf_reference import build_qwen3_pair, rel_err
         (64, 8, 2, "loop"),
         (5, 16, 4, "grouped_mm"),  # more experts than tokens: most experts get no token
         (3, 32, 8, "loop"),
+        (600, 16, 8, "grouped_mm"),  # 4800 slots: crosses the CPU's piecewise boundaries
     ],
 )
 def test_matches_qwen3_moe_block(norm_topk_prob: bool, tokens: int, experts: int, top_k: int, impl: str) -> None:
@@ -64,3 +65,24 @@ def test_sum_backward_with_stride_zero_gradient_matches_reference() -> None:
     assert rel_err(x_ours.grad, x_hf.grad) <= 1e-4
     assert ours.experts.down_proj.grad is not None and hf.experts.down_proj.grad is not None
     assert rel_err(ours.experts.down_proj.grad, hf.experts.down_proj.grad) <= 1e-4
+
+
+def test_bf16_matches_transformers_bf16_within_rounding() -> None:
+    """bf16 takes other code paths (gather+sum combine accumulating in fp32, piecewise over tokens)."""
+    hf, ours = build_qwen3_pair(hidden=32, experts=16, top_k=8, inter=16, norm_topk_prob=True)
+    hf, ours = hf.to(torch.bfloat16), ours.to(torch.bfloat16)
+    torch.manual_seed(5)
+    x = torch.randn(600, 32, dtype=torch.bfloat16)
+    probe = torch.randn(600, 32, dtype=torch.bfloat16)
+    x_hf = x.clone().requires_grad_(True)
+    y_hf = hf(x_hf.unsqueeze(0)).squeeze(0)
+    (y_hf * probe).sum().backward()
+    x_ours = x.clone().requires_grad_(True)
+    y_ours, _ = ours(x_ours)
+    (y_ours * probe).sum().backward()
+    assert y_ours.dtype == torch.bfloat16
+    assert rel_err(y_ours.float(), y_hf.float()) <= 2e-2
+    assert x_hf.grad is not None and x_ours.grad is not None
+    assert rel_err(x_ours.grad.float(), x_hf.grad.float()) <= 2e-2
+    assert ours.experts.down_proj.grad is not None and hf.experts.down_proj.grad is not None
+    assert rel_err(ours.experts.down_proj.grad.float(), hf.experts.down_proj.grad.float()) <= 2e-2

@@ -6,49 +6,12 @@ S = T*K token-expert slots (sorted by expert inside this module).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from xtrain.model.moe.config import MoEConfig
 from xtrain.model.moe.grouped_mm import GroupedImpl, grouped_mm, resolve_impl
-
-
-class _DispatchRows(torch.autograd.Function):
-    """x_SD = x_TD[token_S]; its adjoint sums each token's K slot gradients (a gather and a reduction, no
-    atomic scatter-add, fp32 accumulation for bf16)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, token: torch.Tensor, slot_rank: torch.Tensor, k: int) -> Any:
-        ctx.save_for_backward(slot_rank)
-        ctx.k = k
-        return x.index_select(0, token)
-
-    @staticmethod
-    def backward(ctx: Any, grad_SD: torch.Tensor) -> Any:
-        (slot_rank_S,) = ctx.saved_tensors
-        return _sum_slots(grad_SD, slot_rank_S, ctx.k), None, None, None
-
-
-class _CombineRows(torch.autograd.Function):
-    """y_TD = sum over each token's K slots of out_SD; the adjoint of `_DispatchRows`."""
-
-    @staticmethod
-    def forward(ctx: Any, rows: torch.Tensor, token: torch.Tensor, slot_rank: torch.Tensor, k: int) -> Any:
-        ctx.save_for_backward(token)
-        return _sum_slots(rows, slot_rank, k)
-
-    @staticmethod
-    def backward(ctx: Any, grad_TD: torch.Tensor) -> Any:
-        (token_S,) = ctx.saved_tensors
-        return grad_TD.index_select(0, token_S), None, None, None
-
-
-def _sum_slots(rows: torch.Tensor, slot_rank: torch.Tensor, k: int) -> torch.Tensor:
-    """Rows in expert order → per-token sum of its K slots (slot t*K+j sits at row slot_rank_S[t*K+j])."""
-    return rows.index_select(0, slot_rank).view(-1, k, rows.shape[-1]).sum(dim=1)
+from xtrain.model.moe.permute import CombineRows, DispatchRows, WeightedSwiGLU
 
 
 class GroupedExperts(nn.Module):
@@ -72,6 +35,7 @@ class GroupedExperts(nn.Module):
         second = resolve_impl(self.config.experts_impl, x, self.down_proj.transpose(-2, -1))
         return "grouped_mm" if first == second == "grouped_mm" else "loop"
 
+    # torch.autograd.Function.apply is untyped: the calls below carry a targeted ignore.
     def forward(
         self,
         x: torch.Tensor,
@@ -81,7 +45,6 @@ class GroupedExperts(nn.Module):
     ) -> torch.Tensor:
         """x [T, D], routing weights and expert ids [T, K], tokens per expert [E] -> y [T, D]."""
         k = routed_experts.shape[1]
-        f = self.config.moe_intermediate_size
         impl = self.impl_for(x)
         with torch.no_grad():
             # One stable sort of the T*K slots by expert; every later step reuses this permutation.
@@ -90,12 +53,12 @@ class GroupedExperts(nn.Module):
             slot_rank_S = torch.empty_like(order_S)
             slot_rank_S[order_S] = torch.arange(order_S.numel(), device=order_S.device)
             offsets_E = torch.cumsum(tokens_per_expert, dim=0).to(torch.int32)
-        x_SD: torch.Tensor = _DispatchRows.apply(x, token_S, slot_rank_S, k)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
+        x_SD: torch.Tensor = DispatchRows.apply(x, token_S, slot_rank_S, k)  # type: ignore[no-untyped-call]
         gate_up_S2F = grouped_mm(x_SD, self.gate_up_proj.transpose(-2, -1), offsets_E, impl)
         # The routing weight scales the F-wide activation rather than the D-wide output: the same product
         # (the down projection is linear), a quarter of the elementwise work at F = D/4.
         weight_S1 = routing_weights.reshape(-1)[order_S].unsqueeze(-1)
-        h_SF = F.silu(gate_up_S2F[:, :f]) * gate_up_S2F[:, f:] * weight_S1
+        h_SF: torch.Tensor = WeightedSwiGLU.apply(gate_up_S2F, weight_S1)  # type: ignore[no-untyped-call]
         out_SD = grouped_mm(h_SF, self.down_proj.transpose(-2, -1), offsets_E, impl)
-        y_TD: torch.Tensor = _CombineRows.apply(out_SD, token_S, slot_rank_S, k)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
+        y_TD: torch.Tensor = CombineRows.apply(out_SD, token_S, slot_rank_S, k)  # type: ignore[no-untyped-call]
         return y_TD

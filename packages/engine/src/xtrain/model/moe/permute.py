@@ -1,0 +1,113 @@
+"""Moving token rows to and from expert order, and the routing-weighted SwiGLU between the two grouped matmuls.
+
+Legend: T tokens, D hidden size, K experts per token, F expert hidden size, S = T*K token-expert slots in
+expert order. `token_S[s]` is the token of sorted slot s; `slot_rank_S[t*K + j]` is where token t's j-th slot
+sits in expert order.
+
+Each autograd function here allocates one output and saves only what its backward needs: on the CPU a fresh
+S×D buffer costs as much in page faults as the arithmetic on it, so fewer and smaller temporaries are most of
+what makes the block faster than a composition of standard ops.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+# Rows per piece when the CPU works through S-row tensors piecewise: temporaries of a few MiB stay in the
+# allocator's heap and in cache, instead of being mapped, faulted in and unmapped at every call.
+_CPU_PIECE_ROWS = 4096
+
+
+def _pieces(rows: int, device: torch.device, piece_rows: int = _CPU_PIECE_ROWS) -> list[tuple[int, int]]:
+    step = piece_rows if device.type == "cpu" else max(rows, 1)
+    return [(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def sum_slots(
+    rows_SD: torch.Tensor, token_S: torch.Tensor, slot_rank_S: torch.Tensor, k: int, num_tokens: int
+) -> torch.Tensor:
+    """Rows in expert order → per-token sum over its K slots, [T, D]."""
+    if rows_SD.device.type == "cpu" and rows_SD.dtype in (torch.float32, torch.float64):
+        # One pass with no S×D temporary; on the CPU index_add_ is deterministic.
+        out_TD = rows_SD.new_zeros(num_tokens, rows_SD.shape[-1])
+        return out_TD.index_add_(0, token_S, rows_SD)
+    # Elsewhere a gather then a reduction: deterministic on accelerators (no atomics), and the reduction
+    # accumulates bf16/fp16 in fp32 instead of rounding after each of the K additions. Piecewise over tokens
+    # so the gathered temporary stays small.
+    out_TD = rows_SD.new_empty(num_tokens, rows_SD.shape[-1])
+    for start, stop in _pieces(num_tokens, rows_SD.device, _CPU_PIECE_ROWS // k):
+        gathered = rows_SD.index_select(0, slot_rank_S[start * k : stop * k])
+        torch.sum(gathered.view(stop - start, k, -1), dim=1, out=out_TD[start:stop])
+    return out_TD
+
+
+class DispatchRows(torch.autograd.Function):
+    """x_SD = x_TD[token_S]; backward: the per-token sum of the K slot gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, token: torch.Tensor, slot_rank: torch.Tensor, k: int) -> Any:
+        ctx.save_for_backward(token, slot_rank)
+        ctx.k = k
+        ctx.num_tokens = x.shape[0]
+        return x.index_select(0, token)
+
+    @staticmethod
+    def backward(ctx: Any, grad_SD: torch.Tensor) -> Any:
+        token_S, slot_rank_S = ctx.saved_tensors
+        return sum_slots(grad_SD, token_S, slot_rank_S, ctx.k, ctx.num_tokens), None, None, None
+
+
+class CombineRows(torch.autograd.Function):
+    """y_TD = per-token sum of its K rows of out_SD; backward: grad_SD = grad_TD[token_S] (the adjoint)."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: torch.Tensor, token: torch.Tensor, slot_rank: torch.Tensor, k: int) -> Any:
+        ctx.save_for_backward(token)
+        return sum_slots(rows, token, slot_rank, k, rows.shape[0] // k)
+
+    @staticmethod
+    def backward(ctx: Any, grad_TD: torch.Tensor) -> Any:
+        (token_S,) = ctx.saved_tensors
+        return grad_TD.index_select(0, token_S), None, None, None
+
+
+class WeightedSwiGLU(torch.autograd.Function):
+    """h_SF = silu(gate_SF) * up_SF * weight_S1 from gate_up_S2F = [gate | up].
+
+    Forward writes one output buffer; backward writes the gate and up gradients into one [S, 2F] buffer, the
+    layout the grouped matmul's backward consumes, and saves only gate_up and the weights (autograd's
+    composition would save three more S×F tensors). On the CPU both work piecewise over rows.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, gate_up: torch.Tensor, weight: torch.Tensor) -> Any:
+        f = gate_up.shape[-1] // 2
+        h_SF = gate_up.new_empty(gate_up.shape[0], f)
+        for a, b in _pieces(gate_up.shape[0], gate_up.device):
+            torch.mul(F.silu(gate_up[a:b, :f]), gate_up[a:b, f:], out=h_SF[a:b]).mul_(weight[a:b])
+        ctx.save_for_backward(gate_up, weight)
+        return h_SF
+
+    @staticmethod
+    def backward(ctx: Any, grad_h: torch.Tensor) -> Any:
+        gate_up_S2F, weight_S1 = ctx.saved_tensors
+        f = gate_up_S2F.shape[-1] // 2
+        grad_h = grad_h.contiguous()
+        grad_gate_up_S2F = torch.empty_like(gate_up_S2F)
+        want_weight = ctx.needs_input_grad[1]
+        grad_weight_S1 = torch.empty_like(weight_S1) if want_weight else None
+        for a, b in _pieces(gate_up_S2F.shape[0], gate_up_S2F.device):
+            gate, up, grad = gate_up_S2F[a:b, :f], gate_up_S2F[a:b, f:], grad_h[a:b]
+            sig = torch.sigmoid(gate)
+            silu = gate * sig
+            grad_weighted = grad * weight_S1[a:b]
+            torch.mul(grad_weighted, silu, out=grad_gate_up_S2F[a:b, f:])
+            # d silu(g)/dg = sig * (1 + g * (1 - sig)), built in place in one buffer.
+            dsilu = torch.rsub(sig, 1.0).mul_(gate).add_(1.0).mul_(sig)
+            torch.mul(dsilu.mul_(up), grad_weighted, out=grad_gate_up_S2F[a:b, :f])
+            if grad_weight_S1 is not None:
+                torch.sum(silu.mul_(up).mul_(grad), dim=-1, keepdim=True, out=grad_weight_S1[a:b])
+        return grad_gate_up_S2F, grad_weight_S1
