@@ -16,7 +16,7 @@ import pytest
 from deeptrace.collect import STEP_SPAN_NAME, STEP_TRACK, Collector, read_trace, trace_paths
 from deeptrace.collect import trace_format as fmt
 from deeptrace.errors import TraceInputError
-from deeptrace.rundir import layout, read_rank_clock
+from deeptrace.rundir import layout, read_heartbeats, read_rank_clock
 from deeptrace.spans import Category, Span
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -135,6 +135,34 @@ def test_threads_recording_while_buffers_flush_lose_nothing(tmp_path: Path) -> N
     for track in counts:  # one thread's spans are in order and never overlap
         mine = [s for s in spans if s.track == track]
         assert all(a.end_ns <= b.start_ns for a, b in itertools.pairwise(mine))
+
+
+def test_begin_and_end_where_a_with_block_does_not_fit(tmp_path: Path) -> None:
+    with Collector(tmp_path, 0, 1, heartbeat_interval_s=None) as collector:
+        first = collector.collective("all_gather", group="dp").begin()  # issued here ...
+        with collector.span("forward", Category.COMPUTE):
+            second = collector.collective("all_gather", group="dp").begin()
+            collector.write_heartbeat()
+            waiting = read_heartbeats(tmp_path)[0]
+        first.end()  # ... waited for here, out of order
+        with collector.span("backward", Category.COMPUTE):
+            third = collector.collective("reduce_scatter", group="dp").begin()
+        second.end()
+        third.end()
+    assert waiting.in_collective is not None and waiting.in_collective.seq == 1
+    assert waiting.open_span is not None and waiting.open_span.name == "forward"  # begun ones are not nested
+    spans = {(s.name, s.seq): s for s in _spans(tmp_path)}
+    assert spans[("forward", None)].track == "main" and spans[("backward", None)].track == "main"
+    # In flight together: separate lanes; a lane freed by end() is taken again.
+    assert spans[("all_gather", 0)].track == "main/async-0"
+    assert spans[("all_gather", 1)].track == "main/async-1"
+    assert spans[("reduce_scatter", 2)].track == "main/async-0"
+    by_track: dict[str, list[Span]] = {}
+    for span in spans.values():
+        by_track.setdefault(span.track, []).append(span)
+    for same in by_track.values():  # never two overlapping spans on one track
+        same.sort(key=lambda s: s.start_ns)
+        assert all(a.end_ns <= b.start_ns for a, b in itertools.pairwise(same))
 
 
 def test_a_span_context_records_one_span_only(tmp_path: Path) -> None:

@@ -90,6 +90,7 @@ class Collector:
         # Per-thread state lives in a threading.local: it dies with its thread, while thread idents get reused.
         self._local = threading.local()
         self._local.state = ThreadState("main", self._live.open_spans)
+        self._lanes: dict[str, list[bool]] = {}  # per thread track: which async lanes are busy (begin/end)
 
         self.clock = ClockRef.measure()
         self._live.last_event_ns = self.clock.mono_ns

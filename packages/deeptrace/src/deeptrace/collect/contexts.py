@@ -49,9 +49,22 @@ class ThreadState:
 class SpanContext:
     """`with collector.span(...)`: times the block; the finished object is the buffered span."""
 
-    __slots__ = ("category", "collector", "depth", "end_ns", "layer", "name", "nbytes", "start_ns", "step", "thread")
+    __slots__ = (
+        "category",
+        "collector",
+        "depth",
+        "end_ns",
+        "lane",
+        "layer",
+        "name",
+        "nbytes",
+        "start_ns",
+        "step",
+        "thread",
+    )
 
     # Made by Collector.span (object.__new__ and a few stores: a Python __init__ frame costs a noticeable share).
+    lane: int  # set only by begin()
     # One context records one span: start_ns is 0 until it is entered, and a second entry is refused.
     collector: Collector
     name: str
@@ -80,13 +93,30 @@ class SpanContext:
 
     def __exit__(self, *exc: object) -> None:
         self.end_ns = monotonic_ns()
-        self.thread.stack.pop()
+        stack = self.thread.stack
+        if stack and stack[-1] is self:  # else begun with begin(): never on the stack
+            stack.pop()
         collector = self.collector
         # No heartbeat store: the heartbeat finds this span's end as the newest item of the buffer.
         buffer = collector._buffer
         buffer.append(self)
         if len(buffer) >= collector._buffer_limit:
             collector.flush()
+
+    def begin(self) -> SpanContext:
+        """Start where a `with` block does not fit (a hook that starts what another hook ends); `end()` ends it.
+
+        A begun span is in flight beside the thread's nested spans, not inside them: it goes on a lane track of
+        its own (`<thread>/async-<k>`, the first lane free), so begun spans may end in any order.
+        """
+        self.__enter__()
+        _take_lane(self)
+        return self
+
+    def end(self) -> None:
+        """End a span started with `begin()`."""
+        _free_lane(self)
+        self.__exit__(None, None, None)
 
 
 class CollectiveContext:
@@ -97,6 +127,7 @@ class CollectiveContext:
         "depth",
         "end_ns",
         "group",
+        "lane",
         "name",
         "nbytes",
         "seq",
@@ -107,6 +138,7 @@ class CollectiveContext:
 
     category = Category.COMM
     # Made by Collector.collective, like SpanContext.
+    lane: int  # set only by begin()
     collector: Collector
     name: str
     group: str
@@ -148,7 +180,9 @@ class CollectiveContext:
 
     def __exit__(self, *exc: object) -> None:
         self.end_ns = end = monotonic_ns()
-        self.thread.stack.pop()
+        stack = self.thread.stack
+        if stack and stack[-1] is self:  # else begun with begin(): never on the stack
+            stack.pop()
         collector = self.collector
         live = collector._live
         seq = self.seq
@@ -160,3 +194,41 @@ class CollectiveContext:
         buffer.append(self)
         if len(buffer) >= collector._buffer_limit:
             collector.flush()
+
+    def begin(self) -> CollectiveContext:
+        """Enter where a `with` block does not fit (an asynchronous collective issued here, waited for elsewhere);
+        `end()` leaves it. Like SpanContext.begin, it goes on a lane track and begun ones may end in any order."""
+        self.__enter__()
+        _take_lane(self)
+        return self
+
+    def end(self) -> None:
+        """Leave a collective entered with `begin()`."""
+        _free_lane(self)
+        self.__exit__(None, None, None)
+
+
+def _take_lane(context: SpanContext | CollectiveContext) -> None:
+    """Move a just-entered context off its thread's stack onto the first free lane of that thread."""
+    stack = context.thread.stack
+    if stack and stack[-1] is context:
+        stack.pop()
+    lanes = context.collector._lanes.setdefault(context.thread.base, [])
+    free = next((index for index, busy in enumerate(lanes) if not busy), len(lanes))
+    if free == len(lanes):
+        lanes.append(True)
+    else:
+        lanes[free] = True
+    context.lane = free
+
+
+def _free_lane(context: SpanContext | CollectiveContext) -> None:
+    context.collector._lanes[context.thread.base][context.lane] = False
+
+
+def track_of(context: SpanContext | CollectiveContext) -> tuple[str, int] | str:
+    """The track a finished context goes on: (thread, depth) for nested ones, a lane track for begun ones."""
+    lane = getattr(context, "lane", None)
+    if lane is None:
+        return context.thread.base, context.depth
+    return f"{context.thread.base}/async-{lane}"

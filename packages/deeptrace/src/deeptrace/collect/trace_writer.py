@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 from deeptrace.collect import trace_format as fmt
-from deeptrace.collect.contexts import CollectiveContext, RawSpan, SpanContext
+from deeptrace.collect.contexts import CollectiveContext, RawSpan, SpanContext, track_of
 
 BufferItem = SpanContext | CollectiveContext | RawSpan
 
@@ -35,10 +35,14 @@ class SpanEncoder:
             self._new.append((string_id, text))
         return string_id
 
-    def _track(self, base: str, depth: int) -> str:
-        track = self._tracks.get((base, depth))
+    def _track(self, where: tuple[str, int] | str) -> str:
+        """The track name of (thread, nesting depth); a lane track's name is already one."""
+        if isinstance(where, str):
+            return where
+        track = self._tracks.get(where)
         if track is None:
-            track = self._tracks[base, depth] = base if depth == 0 else f"{base}/{depth}"
+            base, depth = where
+            track = self._tracks[where] = base if depth == 0 else f"{base}/{depth}"
         return track
 
     def encode(self, items: list[BufferItem]) -> bytes:
@@ -51,15 +55,11 @@ class SpanEncoder:
             layer: int | None = None
             if isinstance(item, SpanContext):
                 name, category, start, end = item.name, item.category, item.start_ns, item.end_ns
-                track, step, layer, nbytes = (
-                    self._track(item.thread.base, item.depth),
-                    item.step,
-                    item.layer,
-                    item.nbytes,
-                )
+                track = self._track(track_of(item))
+                step, layer, nbytes = item.step, item.layer, item.nbytes
             elif isinstance(item, CollectiveContext):
                 name, category, start, end = item.name, item.category, item.start_ns, item.end_ns
-                track = self._track(item.thread.base, item.depth)
+                track = self._track(track_of(item))
                 step, nbytes = item.step, item.nbytes
                 group, seq = item.group, item.seq
             else:
