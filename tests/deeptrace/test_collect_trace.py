@@ -175,6 +175,17 @@ def test_a_span_context_records_one_span_only(tmp_path: Path) -> None:
     assert [s.name for s in _spans(tmp_path)] == ["x", "c"]
 
 
+def test_a_span_with_an_impossible_field_is_dropped_with_a_warning(tmp_path: Path) -> None:
+    collector = Collector(tmp_path, 0, 1, heartbeat_interval_s=None)
+    collector.record("fine", Category.COMPUTE, 0, 1)
+    collector.record("huge", Category.COMPUTE, 1, 2, nbytes=2**70)  # does not fit the file's 64 bits
+    collector.record("fine too", Category.COMPUTE, 2, 3)
+    with pytest.warns(UserWarning, match="a span was dropped"):
+        collector.flush(wait=True)
+    collector.close()
+    assert [s.name for s in _spans(tmp_path)] == ["fine", "fine too"]
+
+
 def test_unknown_category_is_refused(tmp_path: Path) -> None:
     with Collector(tmp_path, 0, 1, heartbeat_interval_s=None) as collector, pytest.raises(ValueError, match="category"):
         collector.span("x", "gpu")  # type: ignore[arg-type]

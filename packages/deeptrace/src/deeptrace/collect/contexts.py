@@ -220,6 +220,7 @@ def _take_lane(context: SpanContext | CollectiveContext) -> None:
     else:
         lanes[free] = True
     context.lane = free
+    context.depth = -1 - free  # marks the context as begun for track_of, without a lookup on every span
 
 
 def _free_lane(context: SpanContext | CollectiveContext) -> None:
@@ -228,7 +229,7 @@ def _free_lane(context: SpanContext | CollectiveContext) -> None:
 
 def track_of(context: SpanContext | CollectiveContext) -> tuple[str, int] | str:
     """The track a finished context goes on: (thread, depth) for nested ones, a lane track for begun ones."""
-    lane = getattr(context, "lane", None)
-    if lane is None:
-        return context.thread.base, context.depth
-    return f"{context.thread.base}/async-{lane}"
+    depth = context.depth
+    if depth >= 0:
+        return context.thread.base, depth
+    return f"{context.thread.base}/async-{-1 - depth}"

@@ -13,6 +13,7 @@ import struct
 import threading
 import warnings
 from pathlib import Path
+from typing import cast
 
 from deeptrace.collect import trace_format as fmt
 from deeptrace.collect.contexts import CollectiveContext, RawSpan, SpanContext, track_of
@@ -26,7 +27,7 @@ class SpanEncoder:
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
         self._new: list[tuple[int, str]] = []
-        self._tracks: dict[tuple[str, int], str] = {}
+        self._track_ids: dict[tuple[str, int], int] = {}
 
     def _intern(self, text: str) -> int:
         string_id = self._ids.get(text)
@@ -35,43 +36,50 @@ class SpanEncoder:
             self._new.append((string_id, text))
         return string_id
 
-    def _track(self, where: tuple[str, int] | str) -> str:
-        """The track name of (thread, nesting depth); a lane track's name is already one."""
-        if isinstance(where, str):
-            return where
-        track = self._tracks.get(where)
-        if track is None:
-            base, depth = where
-            track = self._tracks[where] = base if depth == 0 else f"{base}/{depth}"
-        return track
+    def _track_id(self, context: SpanContext | CollectiveContext) -> int:
+        """String id of the track of a context the collector timed (cached per thread and depth or lane)."""
+        key = (context.thread.base, context.depth)
+        track_id = self._track_ids.get(key)
+        if track_id is None:
+            where = track_of(context)
+            name = where if isinstance(where, str) else (where[0] if where[1] == 0 else f"{where[0]}/{where[1]}")
+            track_id = self._track_ids[key] = self._intern(name)
+        return track_id
 
     def encode(self, items: list[BufferItem]) -> bytes:
-        pack, codes, intern = fmt.SPAN.pack, fmt.CATEGORY_CODES, self._intern
-        none32, none64 = fmt.NONE_I32, fmt.NONE_I64
+        # The writer thread's loop: locals, inlined dict lookups and type identity, as it runs once per span.
+        pack, codes, intern, ids = fmt.SPAN.pack, fmt.CATEGORY_CODES, self._intern, self._ids
+        tag, none32, none64, no_string = fmt.TAG_SPAN, fmt.NONE_I32, fmt.NONE_I64, fmt.NO_STRING
         records = []
         for item in items:
-            group: str | None = None
-            seq: int | None = None
-            layer: int | None = None
-            if isinstance(item, SpanContext):
-                name, category, start, end = item.name, item.category, item.start_ns, item.end_ns
-                track = self._track(track_of(item))
-                step, layer, nbytes = item.step, item.layer, item.nbytes
-            elif isinstance(item, CollectiveContext):
-                name, category, start, end = item.name, item.category, item.start_ns, item.end_ns
-                track = self._track(track_of(item))
-                step, nbytes = item.step, item.nbytes
-                group, seq = item.group, item.seq
-            else:
-                name, category, start, end, track, step, layer, nbytes, group, seq = item
             try:
+                if type(item) is SpanContext:
+                    name, category, start, end = item.name, item.category, item.start_ns, item.end_ns
+                    step, layer, nbytes, group_id, seq = item.step, item.layer, item.nbytes, no_string, None
+                    track_id = self._track_ids.get((item.thread.base, item.depth))
+                    if track_id is None:
+                        track_id = self._track_id(item)
+                elif type(item) is CollectiveContext:
+                    name, category, start, end = item.name, item.category, item.start_ns, item.end_ns
+                    step, layer, nbytes, group_id, seq = item.step, None, item.nbytes, intern(item.group), item.seq
+                    track_id = self._track_ids.get((item.thread.base, item.depth))
+                    if track_id is None:
+                        track_id = self._track_id(item)
+                else:
+                    raw = cast(RawSpan, item)  # what remains: spans timed elsewhere (record, step windows)
+                    name, category, start, end, track, step, layer, nbytes, group, seq = raw
+                    track_id = intern(track)
+                    group_id = no_string if group is None else intern(group)
+                name_id = ids.get(name)
+                if name_id is None:
+                    name_id = intern(name)
                 records.append(
                     pack(
-                        fmt.TAG_SPAN,
+                        tag,
                         codes[category],
-                        intern(name),
-                        intern(track),
-                        fmt.NO_STRING if group is None else intern(group),
+                        name_id,
+                        track_id,
+                        group_id,
                         start,
                         end,
                         none64 if step is None else step,
@@ -82,7 +90,7 @@ class SpanEncoder:
                 )
             except (struct.error, TypeError, KeyError, AttributeError) as error:
                 # A field out of range or of the wrong type: drop this span, keep the others.
-                warnings.warn(f"deeptrace: span {name!r} dropped, a field is invalid ({error})", stacklevel=1)
+                warnings.warn(f"deeptrace: a span was dropped, a field is invalid ({error})", stacklevel=1)
         strings, self._new = self._new, []
         return _pack_strings(strings) + b"".join(records)
 
