@@ -104,3 +104,16 @@ def test_resources_match_the_machine() -> None:
     # No NVIDIA driver on the CI machines: no GPU, and a reason instead of an error.
     if not sample.gpus:
         assert sample.gpu_note
+
+
+def test_one_unreadable_heartbeat_does_not_hide_the_others(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    for rank in (0, 1):
+        collector = Collector(run_dir, rank=rank, world_size=2, heartbeat_interval_s=None)
+        collector.step_begin(3)
+        collector.close()
+    broken = layout.heartbeat_path(run_dir, 1)
+    broken.write_text('{"rank": 1, "wor')
+    snap = RunSource(run_dir).poll()
+    assert [r.rank for r in snap.ranks] == [0]
+    assert len(snap.problems) == 1 and str(broken) in snap.problems[0]

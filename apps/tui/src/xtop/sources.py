@@ -72,11 +72,10 @@ class RunSource:
         if new_records:
             snap.steps_seen += len(new_records)
             snap.last_metrics = new_records[-1]
-        try:
-            heartbeats = read_heartbeats(self.run_dir)
-        except TraceInputError as error:
-            snap.problems.append(str(error))
-            heartbeats = {}
+        # One unreadable heartbeat must not hide the others: collect its error and show the rest.
+        heartbeat_errors: dict[int, TraceInputError] = {}
+        heartbeats = read_heartbeats(self.run_dir, errors=heartbeat_errors)
+        snap.problems += [str(error) for _, error in sorted(heartbeat_errors.items())]
         snap.ranks = [
             RankLiveness(
                 rank=rank,
