@@ -58,6 +58,14 @@ def _run_job(job: RankJob) -> RankResult | str:
         return f"{job.path}: internal error {type(err).__name__}: {err} (set DEEPTRACE_DEBUG=1 for a traceback)"
 
 
+def _usable_cpus() -> int:
+    """CPUs this process may run on (a container or taskset may allow fewer than the machine has)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def _run_jobs(jobs: list[RankJob], workers: int) -> list[RankResult | str]:
     if workers <= 1 or len(jobs) <= 1:
         return [_run_job(j) for j in jobs]
@@ -89,7 +97,7 @@ def analyse_run(
 
     config = classify or ClassifyConfig()
     rank_jobs = [RankJob(str(p), kind, config, keep_rows) for p, kind in inputs.files]
-    workers = min(jobs or os.cpu_count() or 1, len(rank_jobs)) if rank_jobs else 1
+    workers = min(jobs or _usable_cpus(), len(rank_jobs)) if rank_jobs else 1
     outcomes = _run_jobs(rank_jobs, workers)
 
     kineto: dict[int, RankResult] = {}
