@@ -186,7 +186,8 @@ class TraceEventStream:
         if len(self._buf) - self._pos < self._chunk // 2 and not self._eof:
             self._fill()
         buf, start = self._buf, self._pos
-        end = len(buf)
+        # A quarter chunk of text per call: decoded events take several times their text's size in memory.
+        end = min(len(buf), start + max(self._chunk // 4, 256))
         for _ in range(32):
             comma = buf.rfind(",", start, end)
             if comma < 0:
