@@ -25,6 +25,7 @@ from deeptrace.analysis.stragglers import StragglerConfig, straggler_verdict
 from deeptrace.classify import ClassifyConfig
 from deeptrace.errors import TraceInputError
 from deeptrace.rundir import layout, read_meta
+from deeptrace.spans import Category
 
 
 @dataclass
@@ -124,11 +125,12 @@ def analyse_run(
     for rank, result in ranks.items():
         if not result.has_comm:
             note(
-                f"rank {rank}: no communication kernel in {result.path} (patterns: --classify); overlap and exposed"
-                " communication are not reported rather than shown as 0%"
+                f"rank {rank}: no communication kernel in {result.path}, so overlap and exposed communication are"
+                " not reported (rather than shown as 0%); if it communicates under other names, add patterns with"
+                " --classify FILE"
             )
         if result.unclassified:
-            total = sum(result.kernel_counts.get(k, 0) for k in ("other",))
+            total = result.kernel_counts.get(Category.OTHER.value, 0)
             top = ", ".join(f"{name[:60]} ×{n}" for name, n in list(result.unclassified.items())[:3])
             note(
                 f"rank {rank}: {total} kernels matched no classification pattern (e.g. {top}); they count as"
