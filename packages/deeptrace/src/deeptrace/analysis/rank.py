@@ -16,6 +16,7 @@ import numpy.typing as npt
 from deeptrace.analysis import intervals as iv
 from deeptrace.analysis.breakdown import RankBreakdown, rank_breakdown
 from deeptrace.analysis.collectives import CollectiveLog, collective_log
+from deeptrace.analysis.nesting import exclusive_nesting
 from deeptrace.analysis.table import CATEGORIES, CODE, RankTable, table_from_spans
 from deeptrace.classify import ClassifyConfig, KernelClassifier
 from deeptrace.collect import STEP_SPAN_NAME, STEP_TRACK, read_trace
@@ -89,7 +90,9 @@ def load_table(job: RankJob) -> RankTable:
     else:
         warnings.append(f"{path}: no clock reference ({reader.clock_error}); its times are not aligned to wall time")
     spans = (s for s in reader if not (s.name == STEP_SPAN_NAME and s.track == STEP_TRACK))
-    table = table_from_spans(spans, reader.rank, str(path), offset_ns=offset, world_size=reader.world_size)
+    table = exclusive_nesting(
+        table_from_spans(spans, reader.rank, str(path), offset_ns=offset, world_size=reader.world_size)
+    )
     if reader.torn_bytes:
         warnings.append(f"{path}: ignored a partly written last record ({reader.torn_bytes} bytes)")
     table.warnings.extend(warnings)
