@@ -171,10 +171,13 @@ def worker(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def run_worker(impl: str, args: argparse.Namespace, dtype: str, device: str, out: Path, cap: int) -> dict[str, Any]:
+def run_worker(impl: str, args: argparse.Namespace, run: tuple[str, str], out: Path, cap: int) -> dict[str, Any]:
+    dtype, device = run
     cmd = [sys.executable, __file__, "--worker", impl, "--dtype", dtype, "--device", device, "--out", str(out)]
     cmd += ["--tokens", str(args.tokens), "--hidden", str(args.hidden), "--experts", str(args.experts)]
     cmd += ["--top-k", str(args.top_k), "--inter", str(args.inter)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
 
     def limit() -> None:
         # A failing implementation must fail inside its own process, not push the shared machine into swap.
@@ -192,69 +195,72 @@ def run_worker(impl: str, args: argparse.Namespace, dtype: str, device: str, out
 # ---------------------------------------------------------------- driver
 
 
-def dense_matmul_flops_per_s(shape: Shape, dtype: torch.dtype, device: str, rounds: int) -> float:
-    """FLOP/s of one dense [S, D] @ [D, N] matmul doing the block's forward+backward matmul FLOPs."""
+def dense_matmul(shape: Shape, dtype: torch.dtype, device: str) -> tuple[Callable[[], Any], float]:
+    """One dense [S, D] @ [D, N] matmul doing the block's forward+backward matmul FLOPs, and its FLOPs."""
     slots = shape.tokens * shape.top_k
     n = round(shape.matmul_flops / (2 * slots * shape.hidden))
     a = torch.randn(slots, shape.hidden, device=device).to(dtype)
     b = torch.randn(shape.hidden, n, device=device).to(dtype)
-    best = float("inf")
-    for _ in range(rounds + 1):
-        sync(device)
-        start = time.perf_counter()
-        torch.mm(a, b)
-        sync(device)
-        best = min(best, time.perf_counter() - start)
-    return 2.0 * slots * shape.hidden * n / best
+    return (lambda: torch.mm(a, b)), 2.0 * slots * shape.hidden * n
 
 
 def bench_one(args: argparse.Namespace, shape: Shape, dtype_name: str, device: str, cap: int) -> dict[str, Any]:
     dtype = getattr(torch, dtype_name)
+    impls = [impl for impl in IMPLS if impl in args.impls.split(",")]
     print(f"\n== {device} {dtype_name}: {shape}", flush=True)
     checks: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for impl in IMPLS:
+        for impl in impls:
             want = expected_bytes(impl, shape, dtype)
             note = f" (expects a {want / 2**30:.1f} GiB allocation, cap {cap / 2**30:.1f} GiB)" if want > cap else ""
             print(f"  check {impl:15s}{note}", flush=True)
             out = Path(tmp) / f"{impl}.pt"
-            checks[impl] = run_worker(impl, args, dtype_name, device, out, cap)
+            checks[impl] = run_worker(impl, args, (dtype_name, device), out, cap)
             if checks[impl]["ok"]:
                 checks[impl]["tensors"] = torch.load(out)
-        ref = checks["hf_eager"].get("tensors")
-        for impl, c in checks.items():
+        # transformers' eager block is the reference; its grouped_mm one when eager was not asked for.
+        ref_impl = "hf_eager" if "hf_eager" in checks else "hf_grouped_mm"
+        ref = checks.get(ref_impl, {}).get("tensors")
+        for c in checks.values():
             if c["ok"] and ref is not None:
                 c["max_abs_diff_y"] = float((c["tensors"]["y"] - ref["y"]).abs().max())
                 c["max_abs_diff_grad_x"] = float((c["tensors"]["gx"] - ref["gx"]).abs().max())
             c.pop("tensors", None)
 
-    timed = [impl for impl in IMPLS if checks[impl]["ok"]]
+    timed = [impl for impl in impls if checks[impl]["ok"]]
     steps = {}
     for impl in timed:
         block = build(impl, shape, dtype, device)
         x, grad_y = inputs(shape, dtype, device)
         steps[impl] = make_step(impl, block, x, grad_y)
         steps[impl]()  # warm-up
-    best = dict.fromkeys(timed, float("inf"))
+    # The ceiling runs in the same rounds, so the machine's drift hits it like the blocks.
+    steps["dense_matmul"], dense_flops = dense_matmul(shape, dtype, device)
+    steps["dense_matmul"]()
+    timed_and_ceiling = [*timed, "dense_matmul"]
+    best = dict.fromkeys(timed_and_ceiling, float("inf"))
+    best_cpu = dict.fromkeys(timed_and_ceiling, float("inf"))
     for _ in range(args.rounds):
-        for impl in timed:
+        for impl in timed_and_ceiling:
             sync(device)
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             steps[impl]()
             sync(device)
             best[impl] = min(best[impl], time.perf_counter() - start)
+            best_cpu[impl] = min(best_cpu[impl], time.process_time() - start_cpu)
     steps.clear()
-    ceiling = dense_matmul_flops_per_s(shape, dtype, device, args.rounds)
+    ceiling = dense_flops / best["dense_matmul"]
 
-    print(f"  {'implementation':15s} {'time s':>8s} {'GFLOP/s':>8s} {'peak MiB':>9s} {'|dy| max':>9s} {'|dx| max':>9s}")
-    for impl in IMPLS:
+    header = ("time s", "cpu s", "GFLOP/s", "peak MiB", "|dy| max", "|dx| max")
+    print(f"  {'implementation':15s} " + " ".join(f"{h:>9s}" for h in header))
+    for impl in impls:
         c = checks[impl]
         if not c["ok"]:
             print(f"  {impl:15s} FAILED: {c['reason']}")
             continue
         gflops = shape.matmul_flops / best[impl] / 1e9
         print(
-            f"  {impl:15s} {best[impl]:8.3f} {gflops:8.1f} {c['peak_bytes'] / 2**20:9.0f} "
+            f"  {impl:15s} {best[impl]:9.3f} {best_cpu[impl]:9.3f} {gflops:9.1f} {c['peak_bytes'] / 2**20:9.0f} "
             f"{c.get('max_abs_diff_y', float('nan')):9.2e} {c.get('max_abs_diff_grad_x', float('nan')):9.2e}"
         )
     print(f"  dense matmul ceiling: {ceiling / 1e9:.1f} GFLOP/s; peak memory = {checks['xtrain'].get('peak_kind')}")
@@ -272,9 +278,11 @@ def bench_one(args: argparse.Namespace, shape: Shape, dtype_name: str, device: s
         "max_abs_diff": checks["xtrain"]["max_abs_diff_y"],
         "max_abs_diff_grad_x": checks["xtrain"]["max_abs_diff_grad_x"],
         "mem_ratio_vs_hf_best": checks["xtrain"]["peak_bytes"] / checks[hf_best]["peak_bytes"],
+        "speedup_vs_hf_best_cpu_time": min(best_cpu[i] for i in hf_ok) / best_cpu["xtrain"],
         "time_s": {impl: round(best[impl], 4) for impl in timed},
+        "cpu_time_s": {impl: round(best_cpu[impl], 4) for impl in timed},
         "peak_mib": {impl: round(checks[impl]["peak_bytes"] / 2**20) for impl in timed},
-        "failed": {impl: checks[impl]["reason"] for impl in IMPLS if not checks[impl]["ok"]},
+        "failed": {impl: checks[impl]["reason"] for impl in impls if not checks[impl]["ok"]},
         "matmul_ceiling_gflops": round(ceiling / 1e9, 1),
     }
 
@@ -288,12 +296,16 @@ def main() -> None:
     parser.add_argument("--inter", type=int, default=256)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--rounds", type=int, default=4, help="timed rounds (best is kept)")
+    parser.add_argument("--impls", default=",".join(IMPLS), help="subset of " + ",".join(IMPLS))
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--mem-cap-gib", type=float, default=None, help="address-space cap of each check process")
     parser.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.worker:
         worker(args)
         return
@@ -304,12 +316,15 @@ def main() -> None:
     # Address space, not resident memory: leave room for the libraries' mappings above the data itself.
     cap = int(args.mem_cap_gib * 2**30) if args.mem_cap_gib else int(min(available * 0.6, 16 * 2**30))
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, devices {devices}")
+    thp = os.environ.get("THP_MEM_ALLOC_ENABLE") == "1"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, devices {devices}, THP allocations {thp}")
     runs = [bench_one(args, shape, dt, dev, cap) for dev in devices for dt in args.dtypes.split(",")]
     good = [r for r in runs if "error" not in r]
     summary: dict[str, Any] = {
         "bench": "moe_block",
         "shape": dataclasses.asdict(shape),
+        "threads": torch.get_num_threads(),
+        "thp_mem_alloc": thp,
         "speedup_vs_hf_best": round(min(r["speedup_vs_hf_best"] for r in good), 3) if good else None,
         "fraction_of_matmul_peak": round(min(r["fraction_of_matmul_peak"] for r in good), 3) if good else None,
         "max_abs_diff": max(r["max_abs_diff"] for r in good) if good else None,

@@ -6,6 +6,7 @@ Legend: T tokens, D hidden size, E experts, K experts per token.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +44,16 @@ class Router(nn.Module):
             self.register_buffer("e_score_correction_bias", torch.zeros(config.num_experts, dtype=torch.float32))
         else:
             self.e_score_correction_bias: torch.Tensor | None = None
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Router:
+        # `module.to(torch.bfloat16)` would round the correction bias, whose updates (about 1e-3) are below
+        # bf16's resolution near 1: like transformers, keep it in fp32 whatever the model dtype.
+        kept = self.e_score_correction_bias
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]  # nn.Module._apply is untyped
+        moved = self.e_score_correction_bias
+        if kept is not None and moved is not None and moved.dtype != torch.float32 and not kept.is_meta:
+            self.e_score_correction_bias = kept.to(device=moved.device)
+        return self
 
     def forward(self, x: torch.Tensor) -> Routing:
         """Route x [T, D]."""
