@@ -60,6 +60,19 @@ def test_shared_experts_are_added_to_routed_output() -> None:
     assert torch.allclose(y, routed + block.shared_experts(x), atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_tokens_at_all(dtype: torch.dtype) -> None:
+    from xtrain.model.moe.aux_loss import load_balancing_loss, router_z_loss
+
+    block = MoEBlock(32, CFG).to(dtype)
+    block.init_weights(torch.Generator().manual_seed(0))
+    x = torch.zeros(0, 32, dtype=dtype, requires_grad=True)
+    y, stats = block(x)
+    y.sum().backward()
+    assert y.shape == (0, 32) and x.grad is not None and x.grad.shape == (0, 32)
+    assert load_balancing_loss([stats]).item() == 0.0 and router_z_loss([stats]).item() == 0.0
+
+
 def test_wrong_input_shape_is_a_clear_error() -> None:
     block = MoEBlock(32, CFG)
     with pytest.raises(ValueError, match=r"expects x of shape \[T, 32\]"):

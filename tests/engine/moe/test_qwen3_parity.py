@@ -67,22 +67,26 @@ def test_sum_backward_with_stride_zero_gradient_matches_reference() -> None:
     assert rel_err(ours.experts.down_proj.grad, hf.experts.down_proj.grad) <= 1e-4
 
 
-def test_bf16_matches_transformers_bf16_within_rounding() -> None:
-    """bf16 takes other code paths (gather+sum combine accumulating in fp32, piecewise over tokens)."""
+def test_bf16_is_as_accurate_as_transformers_bf16() -> None:
+    """bf16 takes other code paths (gather+sum combine accumulating in fp32, piecewise over tokens): against
+    transformers in fp32, xtrain in bf16 must be about as close as transformers in bf16."""
     hf, ours = build_qwen3_pair(hidden=32, experts=16, top_k=8, inter=16, norm_topk_prob=True)
-    hf, ours = hf.to(torch.bfloat16), ours.to(torch.bfloat16)
     torch.manual_seed(5)
-    x = torch.randn(600, 32, dtype=torch.bfloat16)
-    probe = torch.randn(600, 32, dtype=torch.bfloat16)
-    x_hf = x.clone().requires_grad_(True)
-    y_hf = hf(x_hf.unsqueeze(0)).squeeze(0)
-    (y_hf * probe).sum().backward()
-    x_ours = x.clone().requires_grad_(True)
-    y_ours, _ = ours(x_ours)
-    (y_ours * probe).sum().backward()
-    assert y_ours.dtype == torch.bfloat16
-    assert rel_err(y_ours.float(), y_hf.float()) <= 2e-2
-    assert x_hf.grad is not None and x_ours.grad is not None
-    assert rel_err(x_ours.grad.float(), x_hf.grad.float()) <= 2e-2
-    assert ours.experts.down_proj.grad is not None and hf.experts.down_proj.grad is not None
-    assert rel_err(ours.experts.down_proj.grad.float(), hf.experts.down_proj.grad.float()) <= 2e-2
+    x = torch.randn(600, 32)  # 4800 slots: several pieces
+    probe = torch.randn(600, 32)
+
+    def run(module: torch.nn.Module, dtype: torch.dtype, is_hf: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        module = module.to(dtype)
+        xi = x.to(dtype).detach().clone().requires_grad_(True)
+        y = module(xi.unsqueeze(0)).squeeze(0) if is_hf else module(xi)[0]
+        (y * probe.to(dtype)).sum().backward()
+        assert xi.grad is not None
+        return y.detach().float(), xi.grad.float()
+
+    y_ref, gx_ref = run(hf, torch.float32, True)
+    hf.zero_grad()
+    y_hf, gx_hf = run(hf, torch.bfloat16, True)
+    y_ours, gx_ours = run(ours, torch.bfloat16, False)
+    assert rel_err(y_ours, y_ref) <= 1.5 * rel_err(y_hf, y_ref) + 1e-3
+    assert rel_err(gx_ours, gx_ref) <= 1.5 * rel_err(gx_hf, gx_ref) + 1e-3
+    assert rel_err(y_ours, y_ref) <= 2e-2

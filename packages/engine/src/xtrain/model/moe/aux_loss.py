@@ -54,7 +54,8 @@ def load_balancing_loss(
             )
         assert global_num_tokens is not None
         tokens_L = torch.as_tensor(global_num_tokens, dtype=torch.float32, device=prob_sum_LE.device).expand(len(stats))
-    per_layer_L = num_experts * (counts_LE.detach() * prob_sum_LE).sum(dim=-1) / tokens_L.square()
+    # clamp: an empty micro-batch contributes zero rather than 0/0.
+    per_layer_L = num_experts * (counts_LE.detach() * prob_sum_LE).sum(dim=-1) / tokens_L.clamp_min(1).square()
     return per_layer_L.mean()
 
 
@@ -69,4 +70,4 @@ def router_z_loss(stats: Sequence[RouterStats], global_num_tokens: int | torch.T
         tokens_L = torch.tensor([float(s.num_tokens) for s in stats], device=z_L.device)
     else:
         tokens_L = torch.as_tensor(global_num_tokens, dtype=torch.float32, device=z_L.device).expand(len(stats))
-    return (z_L / tokens_L).mean()
+    return (z_L / tokens_L.clamp_min(1)).mean()
