@@ -10,13 +10,15 @@ Per implementation, in this order:
    gradient (compared against transformers' eager block), and the peak memory of the step after a warm-up
    step, measured as peak RSS delta = VmHWM after the step - RSS before it, with VmHWM reset through
    /proc/self/clear_refs just before the step (the process holds nothing else; on CUDA
-   max_memory_allocated minus memory_allocated before). An
-   implementation that fails there (batched_mm gathers one weight matrix per token-expert slot: about 64 GiB at
-   this shape) is reported as failed with its reason; its expected allocation is printed before it runs;
-2. the implementations that passed are timed in this process, interleaved round by round so the drift of a
-   shared machine hits all alike; the figure is the best round (min wall time).
-The ceiling is one dense matmul doing the same number of FLOPs as the block's forward+backward matmuls, timed
-in the same run and dtype.
+   max_memory_allocated minus memory_allocated before). An implementation that fails there (batched_mm
+   gathers one weight matrix per token-expert slot: about 64 GiB at this shape) is reported as failed with its
+   reason; its expected allocation is printed before it runs;
+2. the implementations that passed are timed in this process, interleaved round by round with the ceiling so
+   the drift of a shared machine hits all alike; the figure is the best round (min wall time; the process CPU
+   time is printed beside it).
+The ceiling is one dense matmul doing the same number of FLOPs as the block's forward+backward matmuls, in the
+same dtype. Whether torch maps large CPU allocations with huge pages (`THP_MEM_ALLOC_ENABLE=1` in the
+environment, for every implementation alike) is recorded in the JSON line.
 
 Ends with one JSON line; its top-level figures are the worst over the dtypes/devices measured:
   speedup_vs_hf_best       transformers' fastest time / xtrain's time
