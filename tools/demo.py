@@ -96,6 +96,13 @@ def train_rank(rank: int, world_size: int, run_dir: Path, steps: int, row_tokens
         with collector.collective(name, group="dp", nbytes=tensor.numel() * tensor.element_size()):
             dist.all_reduce(tensor)
 
+    def all_reduce_grads(params: list[torch.nn.Parameter], name: str) -> None:
+        grads = [p.grad for p in params if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        all_reduce(flat, name)
+        for grad, reduced in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+            grad.copy_(reduced.view_as(grad))
+
     for step in range(1, steps + 1):
         collector.step_begin(step)
         started = time.perf_counter()
@@ -121,22 +128,12 @@ def train_rank(rank: int, world_size: int, run_dir: Path, steps: int, row_tokens
         loss = ce_sum / target_tokens[0] + aux_coef * aux
         with collector.span("backward", Category.COMPUTE):
             loss.backward()
-        for index, layer in enumerate(model.layers):  # one all-reduce per layer, as a bucketed DDP would
-            grads = [p.grad for p in layer.parameters() if p.grad is not None]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            all_reduce(flat, f"all_reduce_grads_layer{index}")
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
-        rest = [p for name, p in model.named_parameters() if not name.startswith("layers.") and p.grad is not None]
-        flat_rest = torch.cat([p.grad.reshape(-1) for p in rest if p.grad is not None])
-        all_reduce(flat_rest, "all_reduce_grads_rest")
-        offset = 0
-        for p in rest:
-            assert p.grad is not None
-            p.grad.copy_(flat_rest[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
+        # One all-reduce per layer and one for the rest, as a bucketed data-parallel wrapper would do it.
+        for index, layer in enumerate(model.layers):
+            all_reduce_grads(list(layer.parameters()), f"all_reduce_grads_layer{index}")
+        all_reduce_grads(
+            [p for name, p in model.named_parameters() if not name.startswith("layers.")], "all_reduce_grads_rest"
+        )
         with collector.span("optimizer", Category.OPTIMIZER):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
