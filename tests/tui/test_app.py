@@ -1,6 +1,5 @@
 """The dashboard driven through Textual's Pilot, over a real clusterx database and a real run directory."""
 
-import shutil
 import subprocess
 import sys
 import time
@@ -69,8 +68,7 @@ async def test_dashboard_shows_jobs_resources_and_follows_the_selected_run(tmp_p
         assert "loss=2" in panel_text  # the last step's loss, 6/3
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-def test_xtop_runs_in_a_real_terminal(tmp_path: Path) -> None:
+def test_xtop_runs_in_a_real_terminal(tmp_path: Path, tmux: str) -> None:
     db = str(tmp_path / "jobs.db")
     run_dir = tmp_path / "run-a"
     _make_jobs(db, tmp_path / "fake", run_dir)
@@ -78,15 +76,15 @@ def test_xtop_runs_in_a_real_terminal(tmp_path: Path) -> None:
     xtop = Path(sys.executable).parent / "xtop"
     session = f"xtop-test-{tmp_path.name}"
     command = f"{xtop} --db {db} --run-dir {run_dir} --refresh 0.5"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "40", command], check=True)
+    subprocess.run([tmux, "new-session", "-d", "-s", session, "-x", "150", "-y", "40", command], check=True)
     # A detached session may keep tmux's default 80x24; ask for the size the layout is checked at.
-    subprocess.run(["tmux", "resize-window", "-t", session, "-x", "150", "-y", "40"], check=False)
+    subprocess.run([tmux, "resize-window", "-t", session, "-x", "150", "-y", "40"], check=False)
     try:
         screen = ""
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             screen = subprocess.run(
-                ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=True
+                [tmux, "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=True
             ).stdout
             if "train-b" in screen and "steps recorded: 5" in screen:
                 break
@@ -94,13 +92,13 @@ def test_xtop_runs_in_a_real_terminal(tmp_path: Path) -> None:
         assert "train-a" in screen and "train-b" in screen, screen
         assert "steps recorded: 5" in screen, screen
         assert "CPU" in screen and "MEM" in screen, screen
-        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+        subprocess.run([tmux, "send-keys", "-t", session, "q"], check=True)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            alive = subprocess.run(["tmux", "has-session", "-t", session], capture_output=True, check=False)
+            alive = subprocess.run([tmux, "has-session", "-t", session], capture_output=True, check=False)
             if alive.returncode != 0:
                 break
             time.sleep(0.2)
         assert alive.returncode != 0, "xtop did not quit on 'q'"
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, check=False)
+        subprocess.run([tmux, "kill-session", "-t", session], capture_output=True, check=False)
