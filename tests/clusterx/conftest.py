@@ -17,7 +17,25 @@ from pathlib import Path
 
 import pytest
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+def _postgres_bin() -> Path | None:
+    """The newest PostgreSQL server binaries Debian installed (/usr/lib/postgresql/<major>/bin), if any."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name))
+    return found[-1].parent if found else None
+
+
+def _ensure_postgres_bin() -> Path:
+    """PostgreSQL's server binaries, installed from Debian's packages when missing (we run as root in CI)."""
+    found = _postgres_bin()
+    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True, timeout=600)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "postgresql"], check=False, capture_output=True, timeout=600)
+        found = _postgres_bin()
+    if found is None:
+        pytest.fail("PostgreSQL server binaries not found in /usr/lib/postgresql/*/bin (apt-get install postgresql)")
+    return found
+
+
 # Daemons started by tests exit by themselves after this much idle time, should a test crash past its cleanup.
 TEST_DAEMON_IDLE_EXIT_S = "120"
 
@@ -39,8 +57,7 @@ def _as_postgres_user(argv: list[str]) -> list[str]:
 def postgres_server() -> Iterator[str]:
     """A PostgreSQL 15 server on a free port of 127.0.0.1 (trust auth), for the whole session.
     Yields the URL prefix `postgresql://postgres@127.0.0.1:PORT`."""
-    if not (PG_BIN / "initdb").exists():
-        pytest.fail(f"PostgreSQL 15 binaries not found in {PG_BIN}")
+    pg_bin = _ensure_postgres_bin()
     root = Path(tempfile.mkdtemp(prefix="clusterx-pg-"))
     data, sockets = root / "data", root / "sockets"
     sockets.mkdir()
@@ -49,18 +66,18 @@ def postgres_server() -> Iterator[str]:
         shutil.chown(sockets, "postgres", "postgres")
     port = _free_port()
     subprocess.run(
-        _as_postgres_user([str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8"]),
+        _as_postgres_user([str(pg_bin / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8"]),
         check=True,
         capture_output=True,
         timeout=120,
     )
     options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-    start = [str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"), "-o", options, "-w", "start"]
+    start = [str(pg_bin / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"), "-o", options, "-w", "start"]
     subprocess.run(_as_postgres_user(start), check=True, capture_output=True, timeout=120)
     try:
         yield f"postgresql://postgres@127.0.0.1:{port}"
     finally:
-        stop = [str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]
+        stop = [str(pg_bin / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]
         subprocess.run(_as_postgres_user(stop), check=False, capture_output=True, timeout=120)
         shutil.rmtree(root, ignore_errors=True)
 
