@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.debian_packages import apt_install
+
 
 def _postgres_bin() -> Path | None:
     """The newest PostgreSQL server binaries Debian installed (/usr/lib/postgresql/<major>/bin), if any."""
@@ -27,9 +29,8 @@ def _postgres_bin() -> Path | None:
 def _ensure_postgres_bin() -> Path:
     """PostgreSQL's server binaries, installed from Debian's packages when missing (we run as root in CI)."""
     found = _postgres_bin()
-    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True, timeout=600)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "postgresql"], check=False, capture_output=True, timeout=600)
+    if found is None:
+        apt_install("postgresql")
         found = _postgres_bin()
     if found is None:
         pytest.fail("PostgreSQL server binaries not found in /usr/lib/postgresql/*/bin (apt-get install postgresql)")

@@ -1,8 +1,8 @@
-import os
 import shutil
-import subprocess
 
 import pytest
+
+from tests.debian_packages import apt_install
 
 
 @pytest.fixture
@@ -15,10 +15,9 @@ def anyio_backend() -> str:
 def tmux() -> str:
     """The tmux binary: a real terminal for the dashboard. Installed from Debian's packages when missing (as root)."""
     found = shutil.which("tmux")
-    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True, timeout=300)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "tmux"], check=False, capture_output=True, timeout=300)
+    if found is None:
+        apt_install("tmux")
         found = shutil.which("tmux")
     if found is None:
-        pytest.skip("tmux is not installed and cannot be installed here (not root, or no apt-get)")
+        pytest.fail("apt-get installed tmux, yet it is not on PATH")
     return found

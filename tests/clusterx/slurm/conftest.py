@@ -22,6 +22,8 @@ import pytest
 from clusterx.backends.base import BackendStatus
 from clusterx.backends.slurm import SlurmBackend
 
+from tests.debian_packages import apt_install
+
 SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
 PLUGIN_DIRS = [Path("/usr/lib/x86_64-linux-gnu/slurm-wlm"), Path("/usr/lib/slurm-wlm"), Path("/usr/lib64/slurm")]
 NODE_CPUS = 4  # more than the machine's 2 cores (config_overrides): the tests' jobs mostly sleep
@@ -77,14 +79,7 @@ def free_port() -> int:
 def _ensure_slurm_installed() -> None:
     if shutil.which("slurmctld", path=SBIN_PATH) and shutil.which("sbatch"):
         return
-    if os.geteuid() != 0:
-        pytest.skip("Slurm is not installed and installing it (apt-get install slurm-wlm) needs root")
-    apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    lock_wait = ["-o", "DPkg::Lock::Timeout=300"]  # another session may be running apt right now
-    for argv in (["apt-get", *lock_wait, "update"], ["apt-get", *lock_wait, "install", "-y", "slurm-wlm"]):
-        result = subprocess.run(argv, env=apt_env, capture_output=True, text=True, timeout=900, check=False)
-        if result.returncode != 0:
-            pytest.fail(f"{' '.join(argv)} failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+    apt_install("slurm-wlm")
 
 
 def _has_plugin(name: str) -> bool:
