@@ -110,6 +110,30 @@ def test_spans_of_other_threads_go_on_their_own_track(tmp_path: Path) -> None:
     assert {(s.name, s.track) for s in _spans(tmp_path)} == {("decode", "loader/1"), ("load", "loader")}
 
 
+def test_main_track_belongs_to_the_creating_thread_only_while_it_lives(tmp_path: Path) -> None:
+    """The hot path knows the creating thread by its ident; a later thread may get that ident once it has ended."""
+    made: list[Collector] = []
+
+    def make() -> None:
+        made.append(Collector(tmp_path, 0, 1, heartbeat_interval_s=None))
+        with made[0].span("setup", Category.OTHER):
+            pass
+
+    def later(name: str) -> None:
+        with made[0].span(name, Category.COMPUTE):
+            pass
+
+    creator = threading.Thread(target=make, name="creator")
+    creator.start()
+    creator.join()
+    for name in ("w1", "w2"):  # idents of ended threads are commonly reused at once
+        worker = threading.Thread(target=later, args=(name,), name=name)
+        worker.start()
+        worker.join()
+    made[0].close()
+    assert [(s.name, s.track) for s in _spans(tmp_path)] == [("setup", "main"), ("w1", "w1"), ("w2", "w2")]
+
+
 def test_threads_recording_while_buffers_flush_lose_nothing(tmp_path: Path) -> None:
     """Several threads record at once, and the small buffer is flushed from whichever thread fills it."""
     collector = Collector(tmp_path, 0, 1, heartbeat_interval_s=None, buffer_spans=7)

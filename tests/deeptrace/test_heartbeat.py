@@ -56,6 +56,28 @@ def test_heartbeat_names_the_collective_the_rank_is_inside(tmp_path: Path) -> No
     assert isinstance(after.collective_left, CollectiveMark) and after.collective_left.seq == 1
 
 
+def test_group_marks_follow_given_sequence_numbers_and_begun_collectives(tmp_path: Path) -> None:
+    """A given seq moves the group's counter; a begun collective is entered (and the latest progress) until it ends."""
+    with Collector(tmp_path, 0, 2, heartbeat_interval_s=None) as collector:
+        with collector.collective("broadcast", group="pp", seq=5):
+            pass
+        pending = collector.collective("all_reduce", group="pp").begin()
+        with collector.collective("all_gather", group="dp"):
+            pass
+        collector.write_heartbeat()
+        begun = _beat(tmp_path)
+        pending.end()
+        collector.write_heartbeat()
+        ended = _beat(tmp_path)
+    assert begun.groups == {"pp": (6, 5), "dp": (0, 0)}
+    assert begun.collective_entered is not None and begun.collective_entered.name == "all_gather"
+    assert begun.collective_left is not None and begun.collective_left.name == "all_gather"
+    assert ended.groups == {"pp": (6, 6), "dp": (0, 0)}
+    left = ended.collective_left
+    assert left is not None and (left.name, left.group, left.seq) == ("all_reduce", "pp", 6)
+    assert ended.last_event_wall_s == pytest.approx(left.wall_s, abs=1e-6)
+
+
 def test_heartbeat_reports_the_innermost_open_span(tmp_path: Path) -> None:
     with Collector(tmp_path, 0, 1, heartbeat_interval_s=None) as collector:
         collector.step_begin(3)

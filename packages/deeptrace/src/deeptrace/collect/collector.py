@@ -21,7 +21,9 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import weakref
 from pathlib import Path
+from threading import get_ident
 from time import monotonic_ns
 from types import TracebackType
 
@@ -34,7 +36,7 @@ from deeptrace.collect.contexts import (
     ThreadState,
     unknown_category,
 )
-from deeptrace.collect.heartbeat import HeartbeatWriter, LiveHeartbeat
+from deeptrace.collect.heartbeat import GroupMarks, HeartbeatWriter, LiveHeartbeat
 from deeptrace.collect.trace_writer import BufferItem, TraceFileWriter
 from deeptrace.rundir import layout
 from deeptrace.rundir.jsonio import dumps, write_atomically
@@ -43,6 +45,18 @@ from deeptrace.rundir.writer import RunDirectoryError, process_identity
 from deeptrace.spans import Category
 
 _new = object.__new__
+
+
+class _ThreadEnd:
+    """Kept only in the creating thread's thread-local data, so that it dies with that thread."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _forget_main_thread(collector: weakref.ref[Collector]) -> None:
+    alive = collector()
+    if alive is not None:
+        alive._main_ident = None
 
 
 class Collector:
@@ -80,16 +94,22 @@ class Collector:
         self._buffer: list[BufferItem] = []
         self._buffer_limit = max(1, buffer_spans)
         self._flush_lock = threading.Lock()
-        self._next_seq: dict[str, int] = {}
         self._step: int | None = None
         self._step_start_ns: int | None = None
         self._closed = False
         host, pid = process_identity()
         self._pid = pid  # a forked child (a data-loader worker) inherits this object but none of its threads
         self._live = LiveHeartbeat(rank=rank, world_size=world_size, host=host, pid=pid, records=self._buffer)
+        self._groups = self._live.groups  # per group: next sequence number, last left (shared with the heartbeat)
         # Per-thread state lives in a threading.local: it dies with its thread, while thread idents get reused.
         self._local = threading.local()
-        self._local.state = ThreadState("main", self._live.open_spans)
+        self._local.state = self._main_state = ThreadState("main", self._live.open_spans)
+        # The hot path finds the creating thread by its ident (cheaper than the threading.local, and in a step it
+        # touches less memory). An ident is reused after its thread ends, so the end of the creating thread (its
+        # thread-local data dies with it) turns that shortcut off.
+        self._main_ident: int | None = threading.get_ident()
+        self._local.end_marker = marker = _ThreadEnd()
+        weakref.finalize(marker, _forget_main_thread, weakref.ref(self)).atexit = False
         self._lanes: dict[str, list[bool]] = {}  # per thread track: which async lanes are busy (begin/end)
 
         self.clock = ClockRef.measure()
@@ -180,7 +200,7 @@ class Collector:
         if category not in KNOWN_CATEGORIES:
             raise unknown_category(category)
         if track is None:
-            thread = self._thread()
+            thread = self._main_state if get_ident() == self._main_ident else self._thread()
             depth = len(thread.stack)
             track = thread.base if depth == 0 else f"{thread.base}/{depth}"
         self._append(
@@ -213,6 +233,9 @@ class Collector:
         buffer.append(item)
         if len(buffer) >= self._buffer_limit:
             self.flush()
+
+    def _new_group(self, group: str) -> GroupMarks:
+        return self._groups.setdefault(group, GroupMarks())
 
     def _thread(self) -> ThreadState:
         try:

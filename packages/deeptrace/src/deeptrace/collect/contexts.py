@@ -8,10 +8,12 @@ packing) is the writer thread's job (`trace_writer.SpanEncoder`).
 
 from __future__ import annotations
 
+from threading import get_ident
 from time import monotonic_ns
 from typing import TYPE_CHECKING, Any
 
 from deeptrace.collect import trace_format as fmt
+from deeptrace.collect.heartbeat import GroupMarks
 from deeptrace.spans import Category
 
 if TYPE_CHECKING:
@@ -80,10 +82,8 @@ class SpanContext:
     def __enter__(self) -> SpanContext:
         if self.start_ns:
             raise reused(self.name)
-        try:
-            thread = self.collector._local.state
-        except AttributeError:  # the first span of this thread
-            thread = self.collector._thread()
+        collector = self.collector
+        thread = collector._main_state if get_ident() == collector._main_ident else collector._thread()
         self.thread = thread
         stack = thread.stack
         self.depth = len(stack)
@@ -91,7 +91,7 @@ class SpanContext:
         stack.append(self)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:  # no *args: a tuple per call
         self.end_ns = monotonic_ns()
         stack = self.thread.stack
         if stack and stack[-1] is self:  # else begun with begin(): never on the stack
@@ -128,6 +128,7 @@ class CollectiveContext:
         "end_ns",
         "group",
         "lane",
+        "marks",
         "name",
         "nbytes",
         "seq",
@@ -143,6 +144,7 @@ class CollectiveContext:
     name: str
     group: str
     seq: int | None  # assigned on entry when None
+    marks: GroupMarks  # set on entry
     step: int | None
     nbytes: int | None
     start_ns: int
@@ -154,42 +156,33 @@ class CollectiveContext:
         if self.start_ns:
             raise reused(self.name)
         collector = self.collector
-        group = self.group
+        # The group's marks are its sequence counter and the heartbeat's record of it at once.
+        marks = collector._groups.get(self.group)
+        if marks is None:
+            marks = collector._new_group(self.group)
+        self.marks = marks
         seq = self.seq
         if seq is None:
-            seq = self.seq = collector._next_seq.get(group, 0)
-        collector._next_seq[group] = seq + 1
-        try:
-            thread = collector._local.state
-        except AttributeError:
-            thread = collector._thread()
+            seq = self.seq = marks.next_seq
+        marks.next_seq = seq + 1
+        thread = collector._main_state if get_ident() == collector._main_ident else collector._thread()
         self.thread = thread
         stack = thread.stack
         self.depth = len(stack)
-        self.start_ns = start = monotonic_ns()
+        self.start_ns = monotonic_ns()
         stack.append(self)
-        live = collector._live
-        live.entered = (self.name, group, seq, start)
-        marks = live.groups.get(group)
-        if marks is None:
-            live.groups[group] = [seq, None]
-        else:
-            marks[0] = seq
-        live.last_event_ns = start
+        # The heartbeat reads name, group, seq and start from the object: one store, no tuple.
+        collector._live.entered = self
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.end_ns = end = monotonic_ns()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.end_ns = monotonic_ns()
         stack = self.thread.stack
         if stack and stack[-1] is self:  # else begun with begin(): never on the stack
             stack.pop()
+        self.marks.left = self.seq
         collector = self.collector
-        live = collector._live
-        seq = self.seq
-        assert seq is not None  # assigned on entry
-        live.left = (self.name, self.group, seq, end)
-        live.groups[self.group][1] = seq
-        live.last_event_ns = end
+        collector._live.left = self  # after end_ns: the heartbeat reads it
         buffer = collector._buffer
         buffer.append(self)
         if len(buffer) >= collector._buffer_limit:

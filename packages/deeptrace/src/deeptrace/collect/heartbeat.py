@@ -30,6 +30,27 @@ class OpenSpan(Protocol):
     start_ns: int
 
 
+class CollectiveEvent(Protocol):
+    """The collector's collective object last entered or left: read for its name, group, seq and times."""
+
+    name: str
+    group: str
+    seq: int | None
+    start_ns: int
+    end_ns: int
+
+
+class GroupMarks:
+    """One process group's place: the next sequence number to enter (so the last entered is one less) and the
+    last one left. The collector's own counter, so that entering a collective stores the mark at no extra cost."""
+
+    __slots__ = ("left", "next_seq")
+
+    def __init__(self) -> None:
+        self.next_seq = 0
+        self.left: int | None = None
+
+
 @dataclass(slots=True)
 class LiveHeartbeat:
     """What the heartbeat says, in monotonic nanoseconds; mutated by the training thread, read by the writer."""
@@ -42,20 +63,25 @@ class LiveHeartbeat:
     last_event_ns: int = 0
     step: int | None = None
     step_done: int | None = None
-    # (name, group, seq, monotonic ns)
-    entered: tuple[str, str, int, int] | None = None
-    left: tuple[str, str, int, int] | None = None
-    groups: dict[str, list[int | None]] = field(default_factory=dict)  # group -> [entered seq, left seq]
+    # The collective last entered and the one last left (the objects themselves: one store per event).
+    entered: CollectiveEvent | None = None
+    left: CollectiveEvent | None = None
+    groups: dict[str, GroupMarks] = field(default_factory=dict)  # the collector's per-group sequence numbers
     open_spans: list[OpenSpan] = field(default_factory=list)  # the training thread's stack of open spans
     # The collector's buffer (the same list): a span's end is progress, found there rather than stored per span.
     records: list[Any] = field(default_factory=list)
     error: str | None = None
 
     def latest_progress_ns(self) -> int:
-        """The latest event: a step or collective boundary (stored as it happens), the innermost open span's start,
-        or the end of the newest span in the buffer. The stack and the buffer belong to other threads and may
-        change under our feet, hence the suppressed IndexError."""
+        """The latest event: a step boundary (stored as it happens), the last collective's entry or exit, the
+        innermost open span's start, or the end of the newest span in the buffer. The stack and the buffer belong
+        to other threads and may change under our feet, hence the suppressed IndexError."""
         latest = self.last_event_ns
+        entered, left = self.entered, self.left
+        if entered is not None:
+            latest = max(latest, entered.start_ns)
+        if left is not None:
+            latest = max(latest, left.end_ns)
         with contextlib.suppress(IndexError):
             latest = max(latest, self.open_spans[-1].start_ns)
         with contextlib.suppress(IndexError):
@@ -74,13 +100,13 @@ class LiveHeartbeat:
         def wall_s(mono_ns: int) -> float:
             return clock.to_wall_ns(mono_ns) / 1e9
 
-        def mark(entry: tuple[str, str, int, int] | None) -> CollectiveMark | None:
-            if entry is None:
+        def mark(event: CollectiveEvent, at_ns: int) -> CollectiveMark | None:
+            if event.seq is None:  # not possible once entered
                 return None
-            name, group, seq, at_ns = entry
-            return CollectiveMark(name=name, group=group, seq=seq, wall_s=wall_s(at_ns))
+            return CollectiveMark(name=event.name, group=event.group, seq=event.seq, wall_s=wall_s(at_ns))
 
         innermost = self.open_spans[-1] if self.open_spans else None
+        entered, left = self.entered, self.left
         last_event_ns = self.latest_progress_ns()
         return Heartbeat(
             rank=self.rank,
@@ -95,9 +121,9 @@ class LiveHeartbeat:
             open_span=None
             if innermost is None
             else SpanMark(innermost.name, str(innermost.category), innermost.step, wall_s(innermost.start_ns)),
-            collective_entered=mark(self.entered),
-            collective_left=mark(self.left),
-            groups={group: (marks[0], marks[1]) for group, marks in list(self.groups.items())},
+            collective_entered=None if entered is None else mark(entered, entered.start_ns),
+            collective_left=None if left is None else mark(left, left.end_ns),
+            groups={group: (marks.next_seq - 1, marks.left) for group, marks in list(self.groups.items())},
             error=self.error,
             format_version=layout.FORMAT_VERSION,
         )
