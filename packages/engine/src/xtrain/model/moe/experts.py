@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from xtrain.model.moe.config import MoEConfig
+from xtrain.model.moe.cpu_experts import FusedExpertsCPU
 from xtrain.model.moe.grouped_mm import GroupedImpl, grouped_mm, resolve_impl
 from xtrain.model.moe.permute import CombineRows, DispatchRows, WeightedSwiGLU
 
@@ -35,6 +36,12 @@ class GroupedExperts(nn.Module):
         second = resolve_impl(self.config.experts_impl, x, self.down_proj.transpose(-2, -1))
         return "grouped_mm" if first == second == "grouped_mm" else "loop"
 
+    @staticmethod
+    def fused_cpu(x: torch.Tensor, impl: GroupedImpl) -> bool:
+        """Whether the grouped path runs as `FusedExpertsCPU` (the CPU in eager mode) rather than as grouped
+        matmuls between dispatch and combine functions (accelerators, and any device under torch.compile)."""
+        return impl == "grouped_mm" and x.device.type == "cpu" and not torch.compiler.is_compiling()
+
     # torch.autograd.Function.apply is untyped: the calls below carry a targeted ignore.
     def forward(
         self,
@@ -50,14 +57,22 @@ class GroupedExperts(nn.Module):
             # One stable sort of the T*K slots by expert; every later step reuses this permutation.
             order_S = torch.argsort(routed_experts.reshape(-1), stable=True)
             token_S = torch.div(order_S, k, rounding_mode="floor")
+        # The routing weight scales the F-wide activation rather than the D-wide output: the same product
+        # (the down projection is linear), a quarter of the elementwise work at F = D/4.
+        weight_S1 = routing_weights.reshape(-1)[order_S].unsqueeze(-1)
+        if self.fused_cpu(x, impl):
+            # torch's CPU grouped matmul is a loop of one matmul per expert: the fused loop runs the same
+            # matmuls without any S×D temporary (see cpu_experts.py).
+            y: torch.Tensor = FusedExpertsCPU.apply(  # type: ignore[no-untyped-call]
+                x, weight_S1, self.gate_up_proj, self.down_proj, token_S, tokens_per_expert.tolist()
+            )
+            return y
+        with torch.no_grad():
             slot_rank_S = torch.empty_like(order_S)
             slot_rank_S[order_S] = torch.arange(order_S.numel(), device=order_S.device)
             offsets_E = torch.cumsum(tokens_per_expert, dim=0).to(torch.int32)
         x_SD: torch.Tensor = DispatchRows.apply(x, token_S, slot_rank_S, k)  # type: ignore[no-untyped-call]
         gate_up_S2F = grouped_mm(x_SD, self.gate_up_proj.transpose(-2, -1), offsets_E, impl)
-        # The routing weight scales the F-wide activation rather than the D-wide output: the same product
-        # (the down projection is linear), a quarter of the elementwise work at F = D/4.
-        weight_S1 = routing_weights.reshape(-1)[order_S].unsqueeze(-1)
         h_SF: torch.Tensor = WeightedSwiGLU.apply(gate_up_S2F, weight_S1)  # type: ignore[no-untyped-call]
         out_SD = grouped_mm(h_SF, self.down_proj.transpose(-2, -1), offsets_E, impl)
         y_TD: torch.Tensor = CombineRows.apply(out_SD, token_S, slot_rank_S, k)  # type: ignore[no-untyped-call]
