@@ -25,7 +25,8 @@ Ends with one JSON line; its top-level figures are the worst over the dtypes/dev
   fraction_of_matmul_peak  xtrain's matmul FLOP/s / the dense matmul's FLOP/s
   max_abs_diff             max |xtrain - transformers eager| over the output
   mem_ratio_vs_hf_best     xtrain's peak RSS delta / that of transformers' fastest implementation
-and `runs`, the figures of every dtype/device.
+the same three with the suffix `_cpu_fused` for the opt-in CPU path (experts_impl="cpu_fused"), and `runs`,
+the figures of every dtype/device.
 Targets: speedup_vs_hf_best >= 1.5 at mem_ratio_vs_hf_best <= 1, fraction_of_matmul_peak >= 0.7.
 
 Usage: python tools/bench/moe_block.py [--dtypes float32,bfloat16] [--rounds 4] [--tokens 4096]
@@ -50,7 +51,9 @@ from typing import Any
 
 import torch
 
-IMPLS = ("xtrain", "hf_eager", "hf_batched_mm", "hf_grouped_mm")
+# "xtrain" is the default block (torch's grouped matmul: the figures the targets apply to); "xtrain_cpu_fused"
+# the opt-in CPU path (experts_impl="cpu_fused"), measured beside it.
+IMPLS = ("xtrain", "xtrain_cpu_fused", "hf_eager", "hf_batched_mm", "hf_grouped_mm")
 
 
 @dataclass(frozen=True)
@@ -76,10 +79,13 @@ def build(impl: str, shape: Shape, dtype: torch.dtype, device: str) -> torch.nn.
     router = torch.randn(e, d, generator=gen) * 0.02
     gate_up = torch.randn(e, 2 * f, d, generator=gen) * 0.02
     down = torch.randn(e, d, f, generator=gen) * 0.02
-    if impl == "xtrain":
+    if impl.startswith("xtrain"):
         from xtrain.model.moe import MoEBlock, MoEConfig
 
-        cfg = MoEConfig(num_experts=e, num_experts_per_tok=shape.top_k, moe_intermediate_size=f, norm_topk_prob=True)
+        cfg = MoEConfig(
+            num_experts=e, num_experts_per_tok=shape.top_k, moe_intermediate_size=f, norm_topk_prob=True,
+            experts_impl="cpu_fused" if impl == "xtrain_cpu_fused" else "auto",
+        )  # fmt: skip
         block: torch.nn.Module = MoEBlock(d, cfg)
         block.load_state_dict({"router.weight": router, "experts.gate_up_proj": gate_up, "experts.down_proj": down})
     else:
@@ -108,7 +114,7 @@ def make_step(impl: str, block: torch.nn.Module, x: torch.Tensor, grad_y: torch.
     def step() -> tuple[torch.Tensor, torch.Tensor]:
         block.zero_grad(set_to_none=True)
         xg = x.detach().requires_grad_(True)
-        y = block(xg)[0] if impl == "xtrain" else block(xg.unsqueeze(0)).squeeze(0)
+        y = block(xg)[0] if impl.startswith("xtrain") else block(xg.unsqueeze(0)).squeeze(0)
         y.backward(grad_y)
         assert xg.grad is not None
         return y.detach(), xg.grad
@@ -286,6 +292,16 @@ def bench_one(args: argparse.Namespace, shape: Shape, dtype_name: str, device: s
         "peak_mib": {impl: round(checks[impl]["peak_bytes"] / 2**20) for impl in timed},
         "failed": {impl: checks[impl]["reason"] for impl in impls if not checks[impl]["ok"]},
         "matmul_ceiling_gflops": round(ceiling / 1e9, 1),
+        **(
+            {
+                "speedup_vs_hf_best_cpu_fused": best[hf_best] / best["xtrain_cpu_fused"],
+                "fraction_of_matmul_peak_cpu_fused": shape.matmul_flops / best["xtrain_cpu_fused"] / ceiling,
+                "mem_ratio_vs_hf_best_cpu_fused": checks["xtrain_cpu_fused"]["peak_bytes"]
+                / checks[hf_best]["peak_bytes"],
+            }
+            if "xtrain_cpu_fused" in timed
+            else {}
+        ),
     }
 
 
@@ -331,6 +347,15 @@ def main() -> None:
         "fraction_of_matmul_peak": round(min(r["fraction_of_matmul_peak"] for r in good), 3) if good else None,
         "max_abs_diff": max(r["max_abs_diff"] for r in good) if good else None,
         "mem_ratio_vs_hf_best": round(max(r["mem_ratio_vs_hf_best"] for r in good), 3) if good else None,
+        **{
+            f"{key}_cpu_fused": round(pick(r[f"{key}_cpu_fused"] for r in fused), 3)
+            for key, pick in (
+                ("speedup_vs_hf_best", min),
+                ("fraction_of_matmul_peak", min),
+                ("mem_ratio_vs_hf_best", max),
+            )
+            if (fused := [r for r in good if f"{key}_cpu_fused" in r])
+        },
         "runs": runs,
     }
     print(json.dumps(summary))

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RouterKind = Literal["softmax_topk", "sigmoid_group_limited"]
-ExpertsImpl = Literal["auto", "grouped_mm", "loop"]
+ExpertsImpl = Literal["auto", "grouped_mm", "loop", "cpu_fused"]
 
 
 class UnsupportedHFMoEConfigError(ValueError):
@@ -67,7 +67,10 @@ class MoEConfig(BaseModel):
 
     experts_impl: ExpertsImpl = "auto"
     """Expert compute: `grouped_mm` (torch's grouped matmul), `loop` (one matmul per expert, the portable
-    fallback), or `auto` (grouped_mm wherever the device, dtype and shapes allow it, else loop)."""
+    fallback), or `auto` (grouped_mm wherever the device, dtype and shapes allow it, else loop). `cpu_fused` is an
+    opt-in for CPU runs: where auto would take grouped_mm on the CPU in eager mode, it runs the experts one by one
+    in `FusedExpertsCPU` instead, without any [slots, hidden] temporary (faster and far smaller on CPU, but a
+    Python loop over experts, so never the default); elsewhere it behaves as auto."""
 
     init_std: float = Field(default=0.02, gt=0.0)
     """Standard deviation of the normal initialisation of router and expert weights."""

@@ -32,15 +32,21 @@ class GroupedExperts(nn.Module):
 
     def impl_for(self, x: torch.Tensor) -> GroupedImpl:
         """The grouped-matmul implementation used for this input (device, dtype, shapes)."""
-        first = resolve_impl(self.config.experts_impl, x, self.gate_up_proj.transpose(-2, -1))
-        second = resolve_impl(self.config.experts_impl, x, self.down_proj.transpose(-2, -1))
+        requested = "auto" if self.config.experts_impl == "cpu_fused" else self.config.experts_impl
+        first = resolve_impl(requested, x, self.gate_up_proj.transpose(-2, -1))
+        second = resolve_impl(requested, x, self.down_proj.transpose(-2, -1))
         return "grouped_mm" if first == second == "grouped_mm" else "loop"
 
-    @staticmethod
-    def fused_cpu(x: torch.Tensor, impl: GroupedImpl) -> bool:
-        """Whether the grouped path runs as `FusedExpertsCPU` (the CPU in eager mode) rather than as grouped
-        matmuls between dispatch and combine functions (accelerators, and any device under torch.compile)."""
-        return impl == "grouped_mm" and x.device.type == "cpu" and not torch.compiler.is_compiling()
+    def fused_cpu(self, x: torch.Tensor, impl: GroupedImpl) -> bool:
+        """Whether the experts run as `FusedExpertsCPU`: only when asked for (`experts_impl="cpu_fused"`), on the
+        CPU in eager mode where grouped_mm would run. The default fast path stays torch's grouped matmul, with no
+        Python loop over experts (accelerators, torch.compile, and CPU unless asked)."""
+        return (
+            self.config.experts_impl == "cpu_fused"
+            and impl == "grouped_mm"
+            and x.device.type == "cpu"
+            and not torch.compiler.is_compiling()
+        )
 
     # torch.autograd.Function.apply is untyped: the calls below carry a targeted ignore.
     def forward(
@@ -61,8 +67,8 @@ class GroupedExperts(nn.Module):
         # (the down projection is linear), a quarter of the elementwise work at F = D/4.
         weight_S1 = routing_weights.reshape(-1)[order_S].unsqueeze(-1)
         if self.fused_cpu(x, impl):
-            # torch's CPU grouped matmul is a loop of one matmul per expert: the fused loop runs the same
-            # matmuls without any S×D temporary (see cpu_experts.py).
+            # Opt-in: torch's CPU grouped matmul is itself a loop of one matmul per expert; the fused loop runs
+            # the same matmuls without any S×D temporary (see cpu_experts.py).
             y: torch.Tensor = FusedExpertsCPU.apply(  # type: ignore[no-untyped-call]
                 x, weight_S1, self.gate_up_proj, self.down_proj, token_S, tokens_per_expert.tolist()
             )
