@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from xtrain.model.layers import SwiGLUMLP
 from xtrain.model.moe.config import MoEConfig
 from xtrain.model.moe.experts import GroupedExperts
 from xtrain.model.moe.router import Router
@@ -30,20 +30,6 @@ class RouterStats:
     """fp32 scalar with grad: sum over tokens of logsumexp(router logits)^2."""
 
 
-class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x)): the shared experts, fused into one MLP as DeepSeek-V3 stores them."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        return out
-
-
 class MoEBlock(nn.Module):
     """Mixture-of-Experts feed-forward block over a flat token batch x [T, D].
 
@@ -58,7 +44,8 @@ class MoEBlock(nn.Module):
         self.router = Router(hidden_size, config)
         self.experts = GroupedExperts(hidden_size, config)
         self.shared_experts = (
-            SwiGLU(hidden_size, config.shared_intermediate_size) if config.num_shared_experts > 0 else None
+            # The shared experts are fused into one dense SwiGLU MLP, as DeepSeek-V3 stores them.
+            SwiGLUMLP(hidden_size, config.shared_intermediate_size) if config.num_shared_experts > 0 else None
         )
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, RouterStats]:
