@@ -65,9 +65,15 @@ def time_limit_job(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPat
     request = request_for(tmp_path_factory.mktemp("timeout"), ["sleep", "300"], time_limit="1m")
     job_id = backend.submit(request)
     wait_for_status(backend, job_id, is_running)
-    time.sleep(1.5)  # Slurm refuses an end time that is not after the start time (whole seconds)
-    now = time.strftime("%Y-%m-%dT%H:%M:%S")
-    updated = slurm_cluster.run("scontrol", "update", f"JobId={job_id}", f"EndTime={now}")
+    # Slurm refuses an end time that is not after the job's start time (whole seconds, and the start it records
+    # can trail the moment squeue first says RUNNING): ask again with a fresh "now" until it is accepted.
+    deadline = time.monotonic() + 30
+    while True:
+        time.sleep(1.5)
+        now = time.strftime("%Y-%m-%dT%H:%M:%S")
+        updated = slurm_cluster.run("scontrol", "update", f"JobId={job_id}", f"EndTime={now}")
+        if updated.returncode == 0 or time.monotonic() > deadline:
+            break
     assert updated.returncode == 0, updated.stderr
     yield job_id
     backend.cancel(job_id)
