@@ -59,11 +59,10 @@ class XtopApp(App[None]):
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         """Follow the selected job's run directory."""
-        if self._job_source is None or event.row_key.value is None:
+        if event.row_key.value is None:
             return
-        table = self.query_one(JobsTable)
-        run_dir = table.get_row(event.row_key)[-1]
-        if run_dir and run_dir != "-" and (self._run_source is None or str(self._run_source.run_dir) != run_dir):
+        run_dir = self.query_one(JobsTable).run_dirs.get(event.row_key.value)
+        if run_dir and (self._run_source is None or str(self._run_source.run_dir) != run_dir):
             self._run_source = RunSource(run_dir)
             self.action_refresh()
 

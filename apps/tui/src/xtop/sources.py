@@ -59,6 +59,10 @@ class RunSource:
         self.run_dir = Path(run_dir)
         self._metrics = JsonlFollower(layout.metrics_path(self.run_dir))
         self._snapshot = RunSnapshot(self.run_dir)
+        # report.json is rewritten only when `deeptrace analyze` runs: parse it again only when it changed.
+        self._report_stamp: tuple[int, int] | None = None
+        self._report_lines: list[str] = []
+        self._report_problem: str | None = None
 
     def poll(self, now_wall_s: float | None = None) -> RunSnapshot:
         now = time.time() if now_wall_s is None else now_wall_s
@@ -90,14 +94,21 @@ class RunSource:
 
     def _report_findings(self, problems: list[str]) -> list[str]:
         report_path = self.run_dir / layout.REPORT_DIR / "report.json"
-        if not report_path.is_file():
-            return []
         try:
-            report = orjson.loads(report_path.read_bytes())
-        except orjson.JSONDecodeError as error:
-            problems.append(f"{report_path}: invalid JSON ({error})")
+            stat = report_path.stat()
+        except FileNotFoundError:
+            self._report_stamp, self._report_lines, self._report_problem = None, [], None
             return []
-        return summarize_report(report)
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp != self._report_stamp:
+            self._report_stamp, self._report_lines, self._report_problem = stamp, [], None
+            try:
+                self._report_lines = summarize_report(orjson.loads(report_path.read_bytes()))
+            except orjson.JSONDecodeError as error:
+                self._report_problem = f"{report_path}: invalid JSON ({error})"
+        if self._report_problem is not None:
+            problems.append(self._report_problem)
+        return self._report_lines
 
 
 def summarize_report(report: dict[str, Any]) -> list[str]:

@@ -39,12 +39,17 @@ class JobsTable(DataTable[str]):
     """The newest clusterx jobs; the selected row's run directory is what the run panel follows."""
 
     def on_mount(self) -> None:
+        self.run_dirs = {}
         self.cursor_type = "row"
         self.add_columns(*JOB_COLUMNS)
+
+    run_dirs: dict[str, str | None]
+    """Run directory of each shown job, by row key (the job id)."""
 
     def show(self, jobs: list[dict[str, Any]]) -> None:
         selected_key = self._selected_key()
         self.clear()
+        self.run_dirs = {str(job["id"]): job.get("run_dir") for job in jobs}
         for job in jobs:
             self.add_row(
                 str(job["id"]),
