@@ -24,7 +24,7 @@ def _materialised(config: ModelConfig, seed: int) -> Transformer:
         model = Transformer(config)
     assert all(p.is_meta for p in model.parameters())
     model.to_empty(device="cpu")
-    model.init_weights(torch.Generator().manual_seed(seed))
+    model.init_weights(seed=seed)
     return model
 
 

@@ -2,8 +2,11 @@
 
 ``load_hf(path)`` reads config.json and model.safetensors (or the shards named by model.safetensors.index.json),
 builds the model on the meta device, materialises it empty, and fills it one shard at a time, so the host never
-holds more than the model plus the tensors being copied. ``save_hf(model, path)`` writes the same format back
-(sharded with an index above a size threshold), with the per-expert layout that released Hub checkpoints use
+holds more than the model plus the tensors being copied. ``load_hf_into(model, path)`` fills a model that exists
+already, also one whose parameters are sharded DTensors (FSDP2): each rank reads one tensor at a time and keeps
+only its own shard of it, so no rank ever holds the full model. ``save_hf(model, path)`` writes the same format back
+(sharded with an index above a size threshold; from a sharded model every rank takes part in gathering one
+layer at a time and rank 0 writes), with the per-expert layout that released Hub checkpoints use
 and transformers 5 writes (``mlp.experts.{e}.gate_proj.weight``...). Loading then saving reproduces every tensor
 bit for bit.
 
@@ -13,7 +16,7 @@ the experts, ``xtrain.model.moe.hf_keys`` for one layer's MoE block. Every probl
 """
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,8 @@ from xtrain.model.transformer import Transformer
 CONFIG_FILE = "config.json"
 SINGLE_WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+TensorAssign = Callable[[Tensor, Tensor], None]
+"""Writes a full tensor read from a checkpoint into a model tensor: (target, source) -> None."""
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
 """Shard size limit of save_hf, as transformers' default "5GB" (5 GiB here; any value loads the same)."""
 
@@ -93,6 +98,11 @@ def to_hf_state(model: Transformer, part: str | None = None) -> dict[str, Tensor
     return state_to_hf(model.config, state, part)
 
 
+def read_hf_config(path: str | Path) -> ModelConfig:
+    """The model configuration of a local HF folder (its config.json), or a CheckpointError naming the file."""
+    return _read_config(Path(path))
+
+
 def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Transformer:
     """Load a local HF folder of Qwen3ForCausalLM or Qwen3MoeForCausalLM into a :class:`Transformer`.
 
@@ -102,31 +112,69 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | 
     folder = Path(path)
     config = _read_config(folder)
     key_files = _read_weight_layout(folder)
+    _check_key_sets(folder, key_files, config)
     with torch.device("meta"):
         model = Transformer(config)
-    expected_shapes = {key: tuple(t.shape) for key, t in to_hf_state(model).items()}
-    _check_key_sets(folder, key_files, config)
     model = model.to(dtype=dtype).to_empty(device=device)
-    _fill_from_shards(model, folder, key_files, expected_shapes)
+    _fill_from_shards(model, folder, key_files, _expected_hf_shapes(config), _copy)
     return model
 
 
-def save_hf(model: Transformer, path: str | Path, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
+def load_hf_into(model: Transformer, path: str | Path, assign: TensorAssign | None = None) -> None:
+    """Fill the parameters of an existing ``model`` from a local HF folder, one tensor at a time.
+
+    The folder's config.json must describe the same architecture and shapes as ``model.config``; the message
+    names the first field that differs. ``assign(parameter, full_tensor)`` writes each tensor read (default: a
+    plain copy); code that shards the model passes one that keeps only this rank's shard.
+    """
+    folder = Path(path)
+    config = _read_config(folder)
+    ignored = {"attention_backend"}  # how to compute, not what: free to differ from the folder's
+    ours, theirs = model.config.model_dump(exclude=ignored), config.model_dump(exclude=ignored)
+    differing = [field for field in ours if ours[field] != theirs[field]]
+    if differing:
+        field = differing[0]
+        raise CheckpointError(
+            f"{folder / CONFIG_FILE}: {field} is {theirs[field]!r} but the model being loaded has {ours[field]!r}"
+        )
+    key_files = _read_weight_layout(folder)
+    _check_key_sets(folder, key_files, config)
+    _fill_from_shards(model, folder, key_files, _expected_hf_shapes(config), assign or _copy)
+
+
+def _expected_hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    with torch.device("meta"):
+        reference = Transformer(config)
+    return {key: tuple(t.shape) for key, t in to_hf_state(reference).items()}
+
+
+def save_hf(
+    model: Transformer,
+    path: str | Path,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    *,
+    gather: Callable[[Tensor], Tensor] | None = None,
+    write: bool = True,
+) -> None:
     """Write ``model`` as an HF folder (config.json + safetensors) that transformers' from_pretrained loads.
 
     Above ``max_shard_bytes`` the weights are split into model-0000i-of-0000N.safetensors with an index. Each
     shard is written as soon as it is full, so the host holds at most one shard of copies (one layer is
     converted at a time). Weights files of an earlier checkpoint in the folder are replaced.
+
+    For a sharded model, code that shards it passes ``gather`` (the full tensor of a shard: a collective every
+    process calls, one layer at a time) and ``write`` True on one process only.
     """
     folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
     try:
         hf_config = model.config.to_hf_config()
     except ConfigError as error:
         raise CheckpointError(f"cannot write {folder / CONFIG_FILE}: {error}") from None
     hf_config["dtype"] = str(model.embed_tokens.weight.dtype).removeprefix("torch.")
-    for stale in [folder / SINGLE_WEIGHTS_FILE, folder / INDEX_FILE, *folder.glob("model-*-of-*.safetensors")]:
-        stale.unlink(missing_ok=True)
+    if write:
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in [folder / SINGLE_WEIGHTS_FILE, folder / INDEX_FILE, *folder.glob("model-*-of-*.safetensors")]:
+            stale.unlink(missing_ok=True)
 
     # Shards get numbered temporary names first: their count is known only at the end.
     written: list[tuple[Path, list[str]]] = []
@@ -140,7 +188,11 @@ def save_hf(model: Transformer, path: str | Path, max_shard_bytes: int = DEFAULT
         pending.clear()
 
     for part in _save_groups(model.config):
-        for key, tensor in to_hf_state(model, part).items():
+        # From a sharded model, every rank gathers this part's full tensors (a collective), rank 0 keeps them.
+        state = {name: (gather or _same)(t) for name, t in model.state_dict().items() if _in_part(name, part)}
+        if not write:
+            continue
+        for key, tensor in state_to_hf(model.config, state, part).items():
             size = tensor.numel() * tensor.element_size()
             if pending and pending_bytes + size > max_shard_bytes:
                 flush()
@@ -148,6 +200,8 @@ def save_hf(model: Transformer, path: str | Path, max_shard_bytes: int = DEFAULT
             pending[key] = tensor.to("cpu").contiguous()
             pending_bytes += size
             total_bytes += size
+    if not write:
+        return
     flush()
 
     if len(written) == 1:
@@ -256,6 +310,7 @@ def _fill_from_shards(
     folder: Path,
     key_files: Mapping[str, Path],
     expected_shapes: Mapping[str, tuple[int, ...]],
+    assign: TensorAssign,
 ) -> None:
     config = model.config
     params = dict(model.state_dict(keep_vars=True))
@@ -271,13 +326,13 @@ def _fill_from_shards(
                     if key in consumed:
                         continue
                     if key in dense:
-                        _copy_into(params[dense[key]], reader.get(key), shard, key)
+                        _copy_into(params[dense[key]], reader.get(key), shard, key, assign)
                         filled.add(dense[key])
                         continue
                     for ours_prefix, theirs_prefix in prefixes.items():
                         if key.startswith(theirs_prefix):
                             # The whole layer is converted when its first key turns up.
-                            _fill_moe_layer(params, ours_prefix, theirs_prefix, config, reader)
+                            _fill_moe_layer(params, ours_prefix, theirs_prefix, config, reader, assign=assign)
                             filled.update(name for name in params if name.startswith(ours_prefix))
                             break
     leftover = sorted(key for key in key_files if key not in consumed and not _ignorable(key, config))
@@ -289,7 +344,13 @@ def _fill_from_shards(
 
 
 def _fill_moe_layer(
-    params: Mapping[str, Tensor], ours_prefix: str, theirs_prefix: str, config: ModelConfig, reader: "_ShardReader"
+    params: Mapping[str, Tensor],
+    ours_prefix: str,
+    theirs_prefix: str,
+    config: ModelConfig,
+    reader: "_ShardReader",
+    *,
+    assign: TensorAssign,
 ) -> None:
     assert config.moe is not None  # moe_prefixes is empty without it
     try:
@@ -307,7 +368,7 @@ def _fill_moe_layer(
     if {ours_prefix + name for name in block_state} != expected:
         raise CheckpointError(f"{reader.shard}: the MoE tensors under {theirs_prefix!r} do not fill the layer")
     for name, tensor in block_state.items():
-        _copy_into(params[ours_prefix + name], tensor, reader.shard, f"{theirs_prefix}* ({name})")
+        _copy_into(params[ours_prefix + name], tensor, reader.shard, f"{theirs_prefix}* ({name})", assign)
 
 
 class _ShardReader:
@@ -363,9 +424,17 @@ class _ShardReader:
         return tensor
 
 
-def _copy_into(target: Tensor, source: Tensor, file: Path, key: str) -> None:
+def _copy_into(target: Tensor, source: Tensor, file: Path, key: str, assign: TensorAssign) -> None:
     if target.shape != source.shape:
         raise CheckpointError(
             f"{file}: {key!r} has shape {list(source.shape)}, but the model expects {list(target.shape)}"
         )
+    assign(target, source)
+
+
+def _copy(target: Tensor, source: Tensor) -> None:
     target.copy_(source)
+
+
+def _same(tensor: Tensor) -> Tensor:
+    return tensor

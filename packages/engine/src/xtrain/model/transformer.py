@@ -8,13 +8,19 @@ per decoder layer (``model.layers``). Build it on the meta device and materialis
     with torch.device("meta"):
         model = Transformer(config)
     model.to_empty(device="cuda")
-    model.init_weights()
+    model.init_weights(seed=0)
 
-For a chunked loss, call :meth:`Transformer.forward_hidden` and project chunks of the hidden states with
-:attr:`Transformer.output_projection_weight` instead of materialising [T, V] logits.
+For a chunked loss, call :meth:`Transformer.forward_with_head` with a head that projects chunks of the hidden
+states with the output weight instead of materialising [T, V] logits.
+
+Initialisation is defined part by part (:meth:`Transformer.init_part_names`, :meth:`Transformer.init_part`), each
+part with its own generator seeded from the run's seed and the part's index, so that code outside the model can
+initialise a sharded model one part at a time and obtain exactly the weights of the unsharded model.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +37,8 @@ from xtrain.model.config import ModelConfig
 from xtrain.model.documents import PackedDocuments
 from xtrain.model.layers import RMSNorm, SwiGLUMLP, rotary_cos_sin
 from xtrain.model.moe import MoEBlock, RouterStats
+
+HeadOutput = TypeVar("HeadOutput")
 
 
 @dataclass
@@ -124,6 +132,12 @@ class Transformer(nn.Module):
         The documents of the row are given by ``cu_seqlens`` (int32 [N+1]; None: one document), or by an already
         built ``documents`` (no device-to-host sync for reading the lengths).
         """
+        return self._decode(input_ids_1T, cu_seqlens, documents)
+
+    def _decode(
+        self, input_ids_1T: Tensor, cu_seqlens: Tensor | None, documents: PackedDocuments | None
+    ) -> ModelOutput:
+        # Shared by the public forward methods; not itself one, so that wrappers hooking those run once per call.
         if input_ids_1T.dim() != 2 or input_ids_1T.shape[0] != 1:
             raise ValueError(
                 f"input_ids must be one packed row of shape [1, T], got {tuple(input_ids_1T.shape)}; "
@@ -153,24 +167,70 @@ class Transformer(nn.Module):
         self, input_ids_1T: Tensor, cu_seqlens: Tensor | None = None, *, documents: PackedDocuments | None = None
     ) -> Tensor:
         """Logits [1, T, V] of the packed row (materialises them all: use forward_hidden for long rows)."""
-        hidden_1TD = self.forward_hidden(input_ids_1T, cu_seqlens, documents=documents).hidden
+        hidden_1TD = self._decode(input_ids_1T, cu_seqlens, documents).hidden
         return F.linear(hidden_1TD, self.output_projection_weight)
 
-    @torch.no_grad()
-    def init_weights(self, generator: torch.Generator | None = None) -> None:
-        """Initialise every parameter in place (normal(0, initializer_range) for matrices, ones for norms).
+    def forward_with_head(
+        self,
+        input_ids_1T: Tensor,
+        cu_seqlens: Tensor | None = None,
+        *,
+        documents: PackedDocuments | None = None,
+        head: Callable[[Tensor, Tensor], HeadOutput],
+    ) -> tuple[HeadOutput, list[RouterStats]]:
+        """Run the decoder and apply ``head(hidden_TD, output_weight_VD)`` inside this same forward call.
 
-        Deterministic given the generator (or the global RNG state); works after ``to_empty`` from the meta
-        device because it writes every parameter and the model holds no buffers.
+        For a loss that projects the hidden states chunk by chunk (never materialising the logits). Keeping the
+        head inside the forward matters to wrappers that act around forward methods (FSDP gathers the output
+        weight for the duration of the forward): register this method with them.
         """
+        out = self._decode(input_ids_1T, cu_seqlens, documents)
+        return head(out.hidden[0], self.output_projection_weight), out.router_stats
+
+    def init_part_names(self) -> list[str]:
+        """The parts initialised independently, in order: the embedding, each layer, the final norm, the output
+        projection (absent when tied). Together they cover every parameter and buffer."""
+        names = ["embed_tokens", *(f"layers.{i}" for i in range(len(self.layers))), "norm"]
+        return names if self.lm_head is None else [*names, "lm_head"]
+
+    @torch.no_grad()
+    def init_part(self, name: str, seed: int) -> None:
+        """Initialise one part (a name of :meth:`init_part_names`) in place with a generator seeded from ``seed``
+        and the part's index: normal(0, initializer_range) for matrices, ones for norms, zeros for biases.
+
+        Writes every parameter and buffer of the part, so it also works after ``to_empty`` from the meta device.
+        """
+        index = self.init_part_names().index(name)
+        part = self.get_submodule(name)
+        weight = next(part.parameters())
+        # One generator per part: a part's weights do not depend on how many numbers other parts drew.
+        generator = torch.Generator(device=weight.device).manual_seed(_part_seed(seed, index))
         std = self.config.initializer_range
-        nn.init.normal_(self.embed_tokens.weight, mean=0.0, std=std, generator=generator)
-        for layer in self.layers:
-            assert isinstance(layer, DecoderLayer)
-            layer.init_weights(std, generator)
-        self.norm.init_weights()
-        if self.lm_head is not None:
-            nn.init.normal_(self.lm_head.weight, mean=0.0, std=std, generator=generator)
+        if isinstance(part, nn.Embedding | nn.Linear):
+            nn.init.normal_(part.weight, mean=0.0, std=std, generator=generator)
+        elif isinstance(part, RMSNorm):
+            part.init_weights()
+        else:
+            # A decoder layer, possibly inside a wrapper class (FSDP, compile): it knows how to initialise itself.
+            init_layer = getattr(part, "init_weights", None)
+            if init_layer is None:
+                raise TypeError(f"part {name!r} ({type(part).__name__}) has no init_weights")
+            init_layer(std, generator)
+
+    def init_weights(self, seed: int | None = None) -> None:
+        """Initialise every parameter in place, part by part (see :meth:`init_part`).
+
+        ``seed`` None draws one from the global torch RNG, so ``torch.manual_seed`` makes it deterministic too.
+        """
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,)).item())
+        for name in self.init_part_names():
+            self.init_part(name, seed)
+
+
+def _part_seed(seed: int, index: int) -> int:
+    # Spread consecutive seeds apart so that (seed, part) pairs never collide for small seeds and indices.
+    return (seed * 1_000_003 + index * 7919 + 12345) % (2**63)
 
 
 def _resolve_backend(requested: str, device: torch.device, dtype: torch.dtype) -> str:
