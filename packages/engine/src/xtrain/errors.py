@@ -20,3 +20,10 @@ class CheckpointError(XtrainError):
 
 class AttentionBackendError(XtrainError):
     """An attention backend was requested explicitly but cannot run here."""
+
+
+class DataError(XtrainError):
+    """Training data that cannot be used: a missing source, a source with no valid line, a bad tokenizer folder.
+
+    The message names the file (and the line when one line is at fault).
+    """
