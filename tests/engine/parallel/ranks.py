@@ -24,7 +24,9 @@ def _free_port() -> int:
         return port
 
 
-def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+def _entry(  # noqa: PLR0917 (torch.multiprocessing passes these positionally)
+    rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..., Any], args: tuple[Any, ...]
+) -> None:
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
