@@ -54,7 +54,7 @@ def chunked_cross_entropy(
     """
     _check_inputs(hidden_TD, weight_VD, labels_T, normaliser=normaliser, chunk_tokens=chunk_tokens)
     if torch.is_grad_enabled() and (hidden_TD.requires_grad or weight_VD.requires_grad):
-        loss: Tensor = _ChunkedCrossEntropy.apply(
+        loss: Tensor = _ChunkedCrossEntropy.apply(  # type: ignore[no-untyped-call]  # torch leaves apply untyped
             hidden_TD, weight_VD, labels_T, normaliser, chunk_tokens, ignore_index
         )
         return loss
@@ -75,7 +75,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     """Forward computes the loss and (as needed) both input gradients; backward scales them by grad_output."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(  # noqa: PLR0917 (autograd.Function.apply passes its arguments positionally)
         ctx: Any,
         hidden_TD: Tensor,
         weight_VD: Tensor,
@@ -136,9 +136,7 @@ def _chunk_pass(
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     # Every row of the hidden gradient is written by a chunk's matmul, so it needs no zeroing.
     grad_hidden_TD = torch.empty_like(hidden_TD) if want_hidden_grad else None
-    grad_weight_acc_VD = (
-        torch.zeros(weight_VD.shape, dtype=torch.float32, device=device) if want_weight_grad else None
-    )
+    grad_weight_acc_VD = torch.zeros(weight_VD.shape, dtype=torch.float32, device=device) if want_weight_grad else None
     rows = min(chunk_tokens, tokens)
     # Buffers reused by every chunk: a fresh [C, V] allocation per chunk would cost page faults (CPU) or
     # allocator churn, and at most these two [C, V] tensors exist at any time.
@@ -205,9 +203,7 @@ def _check_inputs(
             f"chunked loss: hidden size differs: hidden {tuple(hidden_TD.shape)}, weight {tuple(weight_VD.shape)}"
         )
     if labels_T.shape != (hidden_TD.shape[0],):
-        raise ValueError(
-            f"chunked loss: labels must be [T] = [{hidden_TD.shape[0]}], got {tuple(labels_T.shape)}"
-        )
+        raise ValueError(f"chunked loss: labels must be [T] = [{hidden_TD.shape[0]}], got {tuple(labels_T.shape)}")
     if labels_T.dtype.is_floating_point or labels_T.dtype == torch.bool:
         raise ValueError(f"chunked loss: labels must be an integer tensor, got {labels_T.dtype}")
     if hidden_TD.dtype != weight_VD.dtype or hidden_TD.dtype not in SUPPORTED_DTYPES:

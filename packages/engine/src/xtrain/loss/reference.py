@@ -4,7 +4,6 @@ For tests and tools/bench/chunk_loss.py only: it holds the full logits (and, in 
 that size), which is exactly what the chunked loss exists to avoid.
 """
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
