@@ -27,3 +27,7 @@ class DataError(XtrainError):
 
     The message names the file (and the line when one line is at fault).
     """
+
+
+class TrainingStoppedError(RuntimeError):
+    """Training cannot go on (e.g. too many steps in a row with a non-finite loss); the message says why."""

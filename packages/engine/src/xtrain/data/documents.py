@@ -22,7 +22,6 @@ from typing import Any, Literal
 import jinja2
 import numpy as np
 import numpy.typing as npt
-
 from xtrain.data.chat_template import ChatRenderer, ChatTemplateError, RenderedChat
 from xtrain.data.tokenizer import TokenizerFolder
 from xtrain.errors import DataError
@@ -95,7 +94,10 @@ class DocumentEncoder:
             return documents
         chats = [item for item in parsed if isinstance(item, RenderedChat)]
         encodings = tokenizer.encode_batch([chat.text for chat in chats], add_special_tokens=False)
-        return [_chat_document(chat, encoding.ids, encoding.offsets) for chat, encoding in zip(chats, encodings, strict=True)]
+        return [
+            _chat_document(chat, encoding.ids, encoding.offsets)
+            for chat, encoding in zip(chats, encodings, strict=True)
+        ]
 
 
 def _pretrain_text(record: dict[str, Any]) -> str:

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
-
 from xtrain.errors import DataError
 
 # The named special tokens Hugging Face passes to a chat template as variables (``bos_token``, ``eos_token``, ...).
@@ -43,7 +42,9 @@ class TokenizerFolder:
             return None
         token_id = self.tokenizer.token_to_id(token)
         if token_id is None:
-            raise DataError(f"{self.path / 'tokenizer_config.json'}: {name} {token!r} is not in tokenizer.json's vocabulary")
+            raise DataError(
+                f"{self.path / 'tokenizer_config.json'}: {name} {token!r} is not in tokenizer.json's vocabulary"
+            )
         return int(token_id)
 
 

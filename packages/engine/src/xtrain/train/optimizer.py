@@ -12,7 +12,8 @@ def build_optimizer(model: nn.Module, optim: OptimSection, device: torch.device)
     """AdamW with decoupled weight decay on parameters of two or more dimensions (matrices, expert stacks,
     embeddings), none on norms and biases. The fused kernel on CUDA, foreach elsewhere; both take FSDP2's
     DTensor parameters, each rank updating its own shard."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for parameter in model.parameters():
         if parameter.requires_grad:
             (decay if parameter.dim() >= 2 else no_decay).append(parameter)

@@ -18,10 +18,7 @@ def lr_at(step: int, optim: OptimSection, max_steps: int) -> float:
         return optim.lr
     decay_steps = max(1, max_steps - optim.warmup_steps)
     progress = min(1.0, max(0.0, (step - optim.warmup_steps) / decay_steps))
-    if optim.schedule == "linear":
-        remaining = 1.0 - progress
-    else:
-        remaining = 0.5 * (1.0 + math.cos(math.pi * progress))
+    remaining = 1.0 - progress if optim.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
     return optim.min_lr + (optim.lr - optim.min_lr) * remaining
 
 

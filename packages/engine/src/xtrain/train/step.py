@@ -1,0 +1,215 @@
+"""One optimizer step: this rank's micro-batches, losses normalised over the global batch, backward, update.
+
+Shape legend: T tokens of a pack, D hidden size, V vocabulary, L MoE layers, E experts.
+
+How the losses keep their global-batch meaning (every rank runs ``global_batch / dp`` packs one at a time):
+
+- Cross-entropy: each micro-batch's summed token loss is divided by the number of target tokens of the WHOLE
+  step (all micro-batches, all ranks), known from the packs before any forward. The shares add up to the mean
+  over the global batch, so 1 process × 4 packs, 2 × 2 and 4 × 1 give the same loss and gradients.
+- Router z-loss: a sum over tokens divided by the global token count: exact in the same way.
+- Load-balancing loss ``E · Σ_e c_e · P_e / N²`` (c: top-k counts, P: summed router probabilities, both over
+  the global batch): only P carries gradient, but c must be known when a micro-batch runs its backward, and
+  later micro-batches have not run yet. What is approximated, precisely: at micro-step m (of M), the gradient
+  uses as c the counts of micro-steps 1..m summed over all ranks, times M/m (the estimate of the step's counts
+  from what has been routed so far, as in Qiu et al. 2025's global-batch balancing). With one micro-step per
+  rank (global_batch = dp) this is exact. The logged ``aux_loss`` is always the exact global-batch value,
+  computed after the step from the final counts and probabilities.
+- FSDP averages gradients over the data-parallel ranks, so the loss is multiplied by the data-parallel size
+  before backward (gloo lacks the PREMUL_SUM a custom divide factor needs).
+
+A step whose loss or gradient norm is not finite changes no weight (gradients dropped, optimizer not stepped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from deeptrace.collect import Collector
+from deeptrace.spans import Category
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
+
+from xtrain.data import Pack
+from xtrain.loss import chunked_cross_entropy
+from xtrain.model.documents import PackedDocuments
+from xtrain.model.moe import MoEBlock, RouterStats, update_expert_bias
+from xtrain.model.moe.aux_loss import load_balancing_loss, router_z_loss
+from xtrain.model.transformer import Transformer
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """What the step needs to know about the losses."""
+
+    chunk_tokens: int
+    aux_loss_coef: float
+    z_loss_coef: float
+    max_grad_norm: float
+
+
+@dataclass(frozen=True)
+class GlobalBatch:
+    """Counts over the packs of the whole step (every rank's), known before any forward."""
+
+    target_tokens: int
+    """Tokens with a label (the cross-entropy normaliser)."""
+    routed_tokens: int
+    """Tokens through the model (the router losses' normaliser)."""
+
+    @classmethod
+    def of(cls, packs: Sequence[Pack]) -> GlobalBatch:
+        return cls(
+            target_tokens=sum(pack.num_loss_tokens for pack in packs),
+            routed_tokens=sum(len(pack.input_ids) for pack in packs),
+        )
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float
+    """Cross-entropy over the global batch (mean per target token)."""
+    aux_loss: float
+    """Load-balancing loss of the global batch (before its coefficient; 0 for a dense model)."""
+    z_loss: float
+    """Router z-loss of the global batch (before its coefficient)."""
+    grad_norm: float
+    """Global gradient norm before clipping."""
+    skipped: bool
+    """The loss or gradient was not finite: no weight changed."""
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    input_ids: Tensor
+    """[1, T] token ids of one pack."""
+    labels: Tensor
+    """[T] the token each position predicts, -100 where none."""
+    documents: PackedDocuments
+
+    @classmethod
+    def from_pack(cls, pack: Pack, device: torch.device) -> MicroBatch:
+        lengths = np.diff(pack.cu_seqlens).tolist()
+        return cls(
+            input_ids=torch.from_numpy(pack.input_ids).to(device, non_blocking=True).unsqueeze(0),
+            labels=torch.from_numpy(pack.labels).to(device, non_blocking=True),
+            documents=PackedDocuments.from_lengths(lengths, device),
+        )
+
+
+def train_step(
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: Sequence[MicroBatch],
+    global_batch: GlobalBatch,
+    settings: LossSettings,
+    *,
+    dp_size: int,
+    collector: Collector | None = None,
+) -> StepResult:
+    """Forward and backward of this rank's micro-batches, then clip and update (unless not finite).
+
+    With a ``collector``, the forward, backward and optimizer phases are recorded as deeptrace spans."""
+    span = _spans(collector)
+    moe_layers = [block for layer in model.layers if isinstance(block := getattr(layer, "moe", None), MoEBlock)]
+    num_micro = len(micro_batches)
+    device = micro_batches[0].input_ids.device
+    counts_so_far_LE: Tensor | None = None
+    prob_sum_LE: Tensor | None = None
+    # Summed over this rank's micro-batches: [cross-entropy share, z-loss share].
+    logged = torch.zeros(2, dtype=torch.float64, device=device)
+    for index, batch in enumerate(micro_batches):
+        labels_T = batch.labels
+
+        def head(hidden_TD: Tensor, weight_VD: Tensor, labels_T: Tensor = labels_T) -> Tensor:
+            return chunked_cross_entropy(
+                hidden_TD,
+                weight_VD,
+                labels_T,
+                normaliser=global_batch.target_tokens,
+                chunk_tokens=settings.chunk_tokens,
+            )
+
+        with span("forward", Category.COMPUTE):
+            ce, stats = model.forward_with_head(batch.input_ids, documents=batch.documents, head=head)
+        loss = ce
+        if stats:
+            counts_LE = _all_reduce_sum(torch.stack([s.tokens_per_expert for s in stats]).to(torch.float64))
+            counts_so_far_LE = counts_LE if counts_so_far_LE is None else counts_so_far_LE + counts_LE
+            estimate_LE = counts_so_far_LE * (num_micro / (index + 1))
+            balance = load_balancing_loss(stats, estimate_LE, global_batch.routed_tokens)
+            z = router_z_loss(stats, global_num_tokens=global_batch.routed_tokens)
+            loss = loss + settings.aux_loss_coef * balance + settings.z_loss_coef * z
+            detached_prob_LE = _prob_sums(stats)
+            prob_sum_LE = detached_prob_LE if prob_sum_LE is None else prob_sum_LE + detached_prob_LE
+            logged[1] += z.detach().double()
+        logged[0] += ce.detach().double()
+        with span("backward", Category.COMPUTE):
+            (loss * dp_size).backward()  # type: ignore[no-untyped-call]  # torch's backward is untyped
+
+    with span("optimizer", Category.OPTIMIZER):
+        logged = _all_reduce_sum(logged)
+        aux = 0.0
+        if counts_so_far_LE is not None and prob_sum_LE is not None:
+            aux = _exact_balance_loss(counts_so_far_LE, _all_reduce_sum(prob_sum_LE), global_batch.routed_tokens)
+        grad_norm = clip_grad_norm(list(model.parameters()), settings.max_grad_norm)
+        ce_value, z_value = float(logged[0]), float(logged[1])
+        finite = [np.isfinite(value) for value in (ce_value, grad_norm, aux, z_value)]
+        skipped = not all(finite)
+        if not skipped:
+            optimizer.step()
+            if counts_so_far_LE is not None:
+                _update_router_biases(moe_layers, counts_so_far_LE)
+        optimizer.zero_grad(set_to_none=True)
+    return StepResult(loss=ce_value, aux_loss=aux, z_loss=z_value, grad_norm=grad_norm, skipped=skipped)
+
+
+def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> float:
+    """The global L2 norm of the gradients over all (sharded) parameters; scales them to ``max_norm`` when above
+    it (``max_norm`` 0: measure only). Every rank gets the same norm."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return 0.0
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()  # sums the shards' squares over the ranks that hold them
+    if max_norm > 0 and bool(torch.isfinite(total)):
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total, foreach=True)
+    return float(total)
+
+
+def _spans(collector: Collector | None) -> Callable[[str, Category], AbstractContextManager[object]]:
+    if collector is None:
+        return lambda name, category: contextlib.nullcontext()
+    return collector.span
+
+
+def _prob_sums(stats: Sequence[RouterStats]) -> Tensor:
+    return torch.stack([s.router_prob_sum.detach() for s in stats]).to(torch.float64)
+
+
+def _exact_balance_loss(counts_LE: Tensor, prob_sum_LE: Tensor, num_tokens: int) -> float:
+    """The load-balancing loss of the whole global batch (same formula as aux_loss.load_balancing_loss)."""
+    num_experts = counts_LE.shape[1]
+    per_layer_L = num_experts * (counts_LE * prob_sum_LE).sum(dim=-1) / max(num_tokens, 1) ** 2
+    return float(per_layer_L.mean())
+
+
+def _update_router_biases(moe_layers: Sequence[MoEBlock], counts_LE: Tensor) -> None:
+    """Auxiliary-loss-free balancing (sigmoid routers): every rank applies the same update from the global counts."""
+    for block, counts_E in zip(moe_layers, counts_LE, strict=True):
+        bias = block.router.e_score_correction_bias
+        if bias is not None:
+            update_expert_bias(bias, counts_E, block.config.bias_update_rate)
+
+
+def _all_reduce_sum(tensor: Tensor) -> Tensor:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor

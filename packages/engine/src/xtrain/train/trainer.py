@@ -1,0 +1,311 @@
+"""One process's share of ``xtrain train``: set up, loop over optimizer steps, write the run directory.
+
+Set-up order (each step applied from outside the model): process group → model built on the meta device →
+data-parallel mesh → per-layer compile (optional) → FSDP2 → parameters allocated and initialised (or loaded from
+the Hugging Face folder) after sharding → optimizer and schedule → data (token cache built across ranks, packs).
+
+Every rank takes the same global batch of packs from the data stream and runs its slice of it
+(``global_batch / world_size`` packs, one micro-batch at a time), so the data order does not depend on the number
+of processes. Rank 0 writes the run-wide files (config.toml, meta.json, metrics.jsonl); every rank writes its
+per-rank records, log, heartbeat and, when tracing, its deeptrace spans and profiler traces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from deeptrace.collect import Collector
+from deeptrace.rundir import RunWriter, layout
+from deeptrace.spans import Category
+
+from xtrain import __version__
+from xtrain.config import TrainConfig, to_toml
+from xtrain.data import PackStream, prepare_corpus
+from xtrain.errors import ConfigError, TrainingStoppedError
+from xtrain.loss import auto_chunk_tokens
+from xtrain.model.config import ModelConfig
+from xtrain.model.flops import training_flops_per_token
+from xtrain.model.hf import read_hf_config
+from xtrain.model.sizes import model_config
+from xtrain.model.transformer import Transformer
+from xtrain.parallel.compile import apply_compile
+from xtrain.parallel.distributed import Distributed, barrier, close_distributed, init_distributed
+from xtrain.parallel.fsdp import apply_fsdp
+from xtrain.parallel.materialize import materialize
+from xtrain.parallel.mesh import data_parallel_mesh
+from xtrain.train.metrics import device_peak_flops, memory_figures, mfu
+from xtrain.train.optimizer import build_optimizer
+from xtrain.train.progress import ProgressLine
+from xtrain.train.schedule import build_scheduler
+from xtrain.train.step import GlobalBatch, LossSettings, MicroBatch, train_step
+
+log = logging.getLogger("xtrain")
+
+
+def resolve_model_config(config: TrainConfig) -> ModelConfig:
+    """The model's shapes: a named size, or the Hugging Face folder's config.json; with the chosen backend."""
+    if config.model.hf_path is not None:
+        base = read_hf_config(config.model.hf_path)
+    else:
+        assert config.model.size is not None  # the config validator requires one of the two
+        base = model_config(config.model.size)
+    return base.model_copy(update={"attention_backend": config.model.attention_backend})
+
+
+def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
+    choice = config.parallel.mixed_precision
+    if choice == "auto":
+        choice = "bf16" if device.type == "cuda" else "fp32"
+    return torch.bfloat16 if choice == "bf16" else torch.float32
+
+
+def build_model(config: TrainConfig, model_cfg: ModelConfig, dist_ctx: Distributed) -> Transformer:
+    """The sharded, materialised model: meta → (compile) → FSDP2 → allocate + init/load after sharding."""
+    with torch.device("meta"):
+        model = Transformer(model_cfg)
+    if config.parallel.compile:
+        apply_compile(model)
+    mesh = data_parallel_mesh(dist_ctx.device.type, dist_ctx.world_size, config.parallel.replicate)
+    apply_fsdp(
+        model,
+        mesh,
+        param_dtype=compute_dtype(config, dist_ctx.device),
+        reshard_after_forward=config.parallel.reshard_after_forward,
+        prefetch=config.parallel.prefetch,
+    )
+    materialize(model, dist_ctx.device, seed=config.train.seed, hf_path=config.model.hf_path)
+    return model
+
+
+def loss_settings(
+    config: TrainConfig, model_cfg: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> LossSettings:
+    chunk = config.loss.chunk_tokens
+    if chunk == "auto":
+        chunk = auto_chunk_tokens(model_cfg.vocab_size, dtype, device=device)
+    moe = model_cfg.moe
+    aux = config.loss.aux_loss_coef if config.loss.aux_loss_coef is not None else (moe.aux_loss_coef if moe else 0.0)
+    z = config.loss.z_loss_coef if config.loss.z_loss_coef is not None else (moe.z_loss_coef if moe else 0.0)
+    return LossSettings(chunk_tokens=chunk, aux_loss_coef=aux, z_loss_coef=z, max_grad_norm=config.optim.max_grad_norm)
+
+
+def check_fresh_run_dir(run_dir: Path) -> None:
+    """A new run never appends to another run's metrics."""
+    if layout.metrics_path(run_dir).exists():
+        raise ConfigError(
+            f"run directory {run_dir} already holds a run (metrics.jsonl): choose another --run-dir, or pass "
+            "--resume auto to continue it from its newest checkpoint"
+        )
+
+
+def train(config: TrainConfig, run_dir: Path) -> None:
+    """Run the whole training job in this process (one rank of it)."""
+    dist_ctx = init_distributed()
+    try:
+        _train(config, run_dir, dist_ctx)
+    finally:
+        close_distributed()
+
+
+def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed) -> None:
+    check_fresh_run_dir(run_dir)
+    barrier()  # every rank checked before rank 0 writes the first file
+    world = dist_ctx.world_size
+    if config.train.global_batch % world:
+        raise ConfigError(
+            f"train.global_batch = {config.train.global_batch} must be a multiple of the number of processes "
+            f"({world}): each rank runs global_batch / processes packs per step"
+        )
+    writer = RunWriter(run_dir, dist_ctx.rank, world)
+    _setup_logging(run_dir, dist_ctx.rank)
+    collector = Collector(run_dir, dist_ctx.rank, world, trace=config.trace.enabled)
+    try:
+        _run(config, run_dir, dist_ctx, writer, collector)
+    except BaseException as error:
+        collector.close("crashed", error=f"{type(error).__name__}: {error}")
+        raise
+    else:
+        collector.close()
+    finally:
+        writer.close()
+
+
+def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
+    config: TrainConfig, run_dir: Path, dist_ctx: Distributed, writer: RunWriter, collector: Collector
+) -> None:
+    started = time.perf_counter()
+    model_cfg = resolve_model_config(config)
+    torch.manual_seed(config.train.seed)
+    model = build_model(config, model_cfg, dist_ctx)
+    dtype = compute_dtype(config, dist_ctx.device)
+    settings = loss_settings(config, model_cfg, dtype, dist_ctx.device)
+    optimizer = build_optimizer(model, config.optim, dist_ctx.device)
+    scheduler = build_scheduler(optimizer, config.optim, config.train.max_steps)
+
+    corpus = prepare_corpus(
+        config.data, rank=dist_ctx.rank, world_size=dist_ctx.world_size, barrier=barrier, log=log.info
+    )
+    stream = PackStream(corpus, config.data.pack_tokens, seed=config.train.seed)
+    peak = device_peak_flops(dist_ctx.device, dtype)
+    if dist_ctx.is_main:
+        writer.write_config_toml(to_toml(config))
+        writer.write_meta(
+            versions={"torch": torch.__version__, "xtrain": __version__},
+            model_flops_per_token=training_flops_per_token(model_cfg, [config.data.pack_tokens]),
+            device_peak_flops=peak,
+            extras={
+                "model": config.model.size or str(config.model.hf_path),
+                "attention_backend": model.attention_backend,
+                "compute_dtype": str(dtype).removeprefix("torch."),
+                "device": str(dist_ctx.device),
+                "max_steps": config.train.max_steps,
+                "global_batch": config.train.global_batch,
+                "pack_tokens": config.data.pack_tokens,
+            },
+        )
+    log.info(
+        "rank %d/%d on %s: model %s, %s, chunk %d tokens, set up in %.1f s",
+        dist_ctx.rank,
+        dist_ctx.world_size,
+        dist_ctx.device,
+        config.model.size or config.model.hf_path,
+        dtype,
+        settings.chunk_tokens,
+        time.perf_counter() - started,
+    )
+
+    per_rank = config.train.global_batch // dist_ctx.world_size
+    progress = ProgressLine(config.train.max_steps, enabled=dist_ctx.is_main)
+    skipped_total = skipped_in_a_row = 0
+    train_started = time.perf_counter()
+    with progress, _profiler(config, run_dir, dist_ctx) as profiler:
+        for step in range(1, config.train.max_steps + 1):
+            collector.step_begin(step)
+            step_started = time.perf_counter()
+            with collector.span("data", Category.DATA):
+                packs = stream.next_packs(config.train.global_batch)
+                mine = packs[dist_ctx.rank * per_rank : (dist_ctx.rank + 1) * per_rank]
+                micro_batches = [MicroBatch.from_pack(pack, dist_ctx.device) for pack in mine]
+            data_wait = time.perf_counter() - step_started
+            lr = scheduler.get_last_lr()[0]
+            result = train_step(
+                model,
+                optimizer,
+                micro_batches,
+                GlobalBatch.of(packs),
+                settings,
+                dp_size=dist_ctx.world_size,
+                collector=collector,
+            )
+            scheduler.step()
+            step_time = time.perf_counter() - step_started
+            collector.step_end(step)
+            if profiler is not None:
+                profiler.step()
+            skipped_total += result.skipped
+            skipped_in_a_row = skipped_in_a_row + 1 if result.skipped else 0
+
+            tokens = sum(len(pack.input_ids) for pack in packs)
+            tokens_per_s = tokens / step_time
+            lengths = [int(n) for pack in packs for n in np.diff(pack.cu_seqlens)]
+            flops_per_token = training_flops_per_token(model_cfg, lengths)
+            writer.append_rank_record(
+                step,
+                step_time_s=step_time,
+                data_wait_s=data_wait,
+                tokens=sum(len(pack.input_ids) for pack in mine),
+                **memory_figures(dist_ctx.device),
+            )
+            if dist_ctx.is_main:
+                fields: dict[str, Any] = {
+                    "loss": result.loss,
+                    "aux_loss": result.aux_loss,
+                    "z_loss": result.z_loss,
+                    "grad_norm": result.grad_norm,
+                    "lr": lr,
+                    "tokens": tokens,
+                    "tokens_per_s": tokens_per_s,
+                    "tokens_per_s_per_device": tokens_per_s / dist_ctx.world_size,
+                    "skipped_lines": corpus.skipped_lines,
+                    "skipped_steps": skipped_total,
+                    "step_time_s": step_time,
+                    "wall_s": time.perf_counter() - started,
+                    "max_steps": config.train.max_steps,
+                }
+                utilisation = mfu(flops_per_token, tokens_per_s / dist_ctx.world_size, peak)
+                if utilisation is not None:
+                    fields["mfu"] = utilisation
+                if result.skipped:
+                    fields["skipped"] = True
+                writer.append_metrics(step, **fields)
+                elapsed = time.perf_counter() - train_started
+                progress.update(step, result.loss, tokens_per_s, eta_s=elapsed / step * (config.train.max_steps - step))
+            if result.skipped:
+                log.warning(
+                    "step %d skipped: loss %s, gradient norm %s (not finite)", step, result.loss, result.grad_norm
+                )
+            if skipped_in_a_row >= config.train.max_skipped_steps_in_a_row:
+                raise TrainingStoppedError(
+                    f"stopped at step {step}: {skipped_in_a_row} steps in a row had a loss or gradient that is not "
+                    f"finite (train.max_skipped_steps_in_a_row = {config.train.max_skipped_steps_in_a_row}); "
+                    "lower optim.lr or check the data"
+                )
+    log.info("trained %d steps in %.1f s", config.train.max_steps, time.perf_counter() - train_started)
+
+
+@contextlib.contextmanager
+def _profiler(config: TrainConfig, run_dir: Path, dist_ctx: Distributed) -> Iterator[torch.profiler.profile | None]:
+    """The PyTorch profiler from the first to the last step of ``trace.profile_steps`` (one window), one Kineto
+    trace per rank in RUN_DIR/profiler/, which ``deeptrace analyze`` reads."""
+    steps = sorted(set(config.trace.profile_steps))
+    if not steps:
+        yield None
+        return
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if dist_ctx.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    out = layout.profiler_dir(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    first, last = steps[0], steps[-1]
+
+    def which(index: int) -> torch.profiler.ProfilerAction:
+        # `index` counts the profiler's step() calls, made after each training step: index i is step i + 1.
+        step = index + 1
+        if step == first - 1:
+            return torch.profiler.ProfilerAction.WARMUP
+        if first <= step < last:
+            return torch.profiler.ProfilerAction.RECORD
+        if step == last:
+            return torch.profiler.ProfilerAction.RECORD_AND_SAVE
+        return torch.profiler.ProfilerAction.NONE
+
+    def save(prof: torch.profiler.profile) -> None:
+        prof.export_chrome_trace(str(out / f"rank-{dist_ctx.rank}.json"))
+
+    with torch.profiler.profile(activities=activities, schedule=which, on_trace_ready=save) as prof:
+        yield prof
+
+
+def _setup_logging(run_dir: Path, rank: int) -> None:
+    """logs/rank-R.log for every rank; rank 0 also logs to the terminal."""
+    path = layout.log_path(run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    for handler in list(log.handlers):
+        log.removeHandler(handler)
+    file_handler = logging.FileHandler(path)
+    file_handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} %(levelname)s %(message)s"))
+    log.addHandler(file_handler)
+    if rank == 0:
+        console = logging.StreamHandler()
+        console.setFormatter(logging.Formatter("xtrain: %(message)s"))
+        log.addHandler(console)
