@@ -43,7 +43,9 @@ class TokenizerFolder:
             return None
         token_id = self.tokenizer.token_to_id(token)
         if token_id is None:
-            raise DataError(f"{self.path / 'tokenizer_config.json'}: {name} {token!r} is not in tokenizer.json's vocabulary")
+            raise DataError(
+                f"{self.path / 'tokenizer_config.json'}: {name} {token!r} is not in tokenizer.json's vocabulary"
+            )
         return int(token_id)
 
 
