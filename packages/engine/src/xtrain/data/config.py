@@ -21,7 +21,7 @@ class DataSource(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: Path
-    """A ``.jsonl`` file, or a folder whose ``*.jsonl`` files (searched recursively, in sorted order) form the source."""
+    """A ``.jsonl`` file, or a folder whose ``*.jsonl`` files (recursively, in sorted order) form the source."""
     weight: float = Field(default=1.0, gt=0)
     """Relative share of this source in the training tokens: sources are interleaved so that the tokens drawn from
     each stay proportional to their weights (each source cycles through its own epochs independently)."""

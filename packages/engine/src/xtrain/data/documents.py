@@ -12,7 +12,8 @@ The end-of-document rule:
   appended. A token is a loss token when it overlaps an assistant span (see :mod:`xtrain.data.chat_template`),
   the rule of transformers' ``return_assistant_tokens_mask``.
 
-A line that cannot become a document raises :class:`BadLine` with the reason; the cache builder counts and skips it.
+A line that cannot become a document raises :class:`BadLineError` with the reason; the cache builder counts and
+skips it.
 """
 
 import json
@@ -33,7 +34,7 @@ TokenArray = npt.NDArray[np.uint32]
 MaskArray = npt.NDArray[np.uint8]
 
 
-class BadLine(ValueError):
+class BadLineError(ValueError):
     """A JSONL line that is not a usable document; the message is the reason."""
 
 
@@ -69,23 +70,23 @@ class DocumentEncoder:
         try:
             record = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise BadLine(f"invalid JSON ({error})") from None
+            raise BadLineError(f"invalid JSON ({error})") from None
         if not isinstance(record, dict):
-            raise BadLine(f"expected a JSON object, got {type(record).__name__}")
+            raise BadLineError(f"expected a JSON object, got {type(record).__name__}")
         if self._renderer is None:
             return _pretrain_text(record)
         messages = _chat_messages(record)
         try:
             return self._renderer.render_with_assistant_spans(messages)
         except ChatTemplateError as error:
-            raise BadLine(str(error)) from None
+            raise BadLineError(str(error)) from None
 
-    def encode(self, parsed: list[str | RenderedChat]) -> list[Document | BadLine]:
+    def encode(self, parsed: list[str | RenderedChat]) -> list[Document | BadLineError]:
         """Tokenise a batch of parsed lines (one call into the tokenizer, which uses its own threads)."""
         tokenizer = self.folder.tokenizer
         if self._renderer is None:
             texts = [item for item in parsed if isinstance(item, str)]
-            documents: list[Document | BadLine] = []
+            documents: list[Document | BadLineError] = []
             for encoding in tokenizer.encode_batch(texts, add_special_tokens=True):
                 ids = list(encoding.ids)
                 if not ids or ids[-1] != self._eos_id:
@@ -102,41 +103,41 @@ class DocumentEncoder:
 
 def _pretrain_text(record: dict[str, Any]) -> str:
     if "text" not in record:
-        raise BadLine('missing field "text"')
+        raise BadLineError('missing field "text"')
     text = record["text"]
     if not isinstance(text, str):
-        raise BadLine(f'"text" must be a string, got {type(text).__name__}')
+        raise BadLineError(f'"text" must be a string, got {type(text).__name__}')
     if not text.strip():
-        raise BadLine('empty "text"')
+        raise BadLineError('empty "text"')
     return text
 
 
 def _chat_messages(record: dict[str, Any]) -> list[dict[str, Any]]:
     if "messages" not in record:
-        raise BadLine('missing field "messages"')
+        raise BadLineError('missing field "messages"')
     messages = record["messages"]
     if not isinstance(messages, list) or not messages:
-        raise BadLine('"messages" must be a non-empty list')
+        raise BadLineError('"messages" must be a non-empty list')
     cleaned = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise BadLine(f"message {index} is not an object")
+            raise BadLineError(f"message {index} is not an object")
         for field in ("role", "content"):
             if field not in message:
-                raise BadLine(f'message {index} has no "{field}"')
+                raise BadLineError(f'message {index} has no "{field}"')
         role, content = message["role"], message["content"]
         if role not in CHAT_ROLES:
-            raise BadLine(f"message {index} has unknown role {role!r} (known: {', '.join(sorted(CHAT_ROLES))})")
+            raise BadLineError(f"message {index} has unknown role {role!r} (known: {', '.join(sorted(CHAT_ROLES))})")
         if not isinstance(content, str):
-            raise BadLine(f'message {index} "content" must be a string, got {type(content).__name__}')
+            raise BadLineError(f'message {index} "content" must be a string, got {type(content).__name__}')
         # transformers drops keys whose value is None before rendering; so do we.
         cleaned.append({key: value for key, value in message.items() if value is not None})
     if not any(message["role"] == "assistant" for message in cleaned):
-        raise BadLine("no assistant message (a chat document needs one to carry loss)")
+        raise BadLineError("no assistant message (a chat document needs one to carry loss)")
     return cleaned
 
 
-def _chat_document(chat: RenderedChat, ids: list[int], offsets: list[tuple[int, int]]) -> Document | BadLine:
+def _chat_document(chat: RenderedChat, ids: list[int], offsets: list[tuple[int, int]]) -> Document | BadLineError:
     mask = np.zeros(len(ids), dtype=np.uint8)
     spans = chat.assistant_spans
     span_index = 0
@@ -149,5 +150,5 @@ def _chat_document(chat: RenderedChat, ids: list[int], offsets: list[tuple[int, 
         if end > spans[span_index][0]:
             mask[token_index] = 1
     if not mask.any():
-        return BadLine("no assistant tokens after rendering (empty assistant replies?)")
+        return BadLineError("no assistant tokens after rendering (empty assistant replies?)")
     return Document(np.asarray(ids, dtype=np.uint32), mask)
