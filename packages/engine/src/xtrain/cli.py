@@ -5,6 +5,8 @@ The group imports nothing heavy: each command imports torch and the model code i
 """
 
 import json
+import sys
+from pathlib import Path
 
 import click
 
@@ -62,3 +64,73 @@ def info(model_name: str, seq_len: int, as_json: bool) -> None:
     click.echo(f"FLOPs/token (train)  {figures['training_flops_per_token']:.4g} at one document of {seq_len} tokens")
     click.echo(f"  weight matmuls     {matmul_per_token:.4g} (6 x {counts.active_matmul:,} active matmul weights)")
     click.echo(f"  attention          {attention_per_token:.4g} (causal)")
+
+
+@main.command(context_settings={"show_default": True})
+@click.argument("config_path", metavar="CONFIG.toml", type=click.Path(path_type=Path))
+@click.option(
+    "--run-dir",
+    type=click.Path(path_type=Path),
+    help="Run directory [default: $CLUSTERX_RUN_DIR, else runs/<config name>].",
+)
+@click.option(
+    "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config key (repeatable)."
+)
+@click.option(
+    "--resume",
+    default="auto",
+    metavar="auto|PATH|none",
+    help="Continue from the newest checkpoint (auto), a given one, or start over.",
+)
+@click.option("--nproc", type=click.IntRange(min=1), help="Start this many processes on this node through torchrun.")
+def train(config_path: Path, run_dir: Path | None, overrides: tuple[str, ...], resume: str, nproc: int | None) -> None:
+    """Train the model CONFIG.toml describes (FSDP2; one process, --nproc N, or under torchrun)."""
+    from xtrain.errors import TrainingStoppedError, XtrainError  # noqa: PLC0415 (keeps `xtrain --help` light)
+    from xtrain.parallel.distributed import launched_by_torchrun  # noqa: PLC0415
+    from xtrain.train import launch  # noqa: PLC0415
+
+    try:
+        config = launch.load_and_check(config_path, overrides)
+        resolved_run_dir = launch.resolve_run_dir(run_dir, config_path)
+        if nproc is not None and not launched_by_torchrun():
+            from xtrain.data import prepare_corpus  # noqa: PLC0415
+            from xtrain.train.trainer import check_fresh_run_dir  # noqa: PLC0415
+
+            check_fresh_run_dir(resolved_run_dir)
+            prepare_corpus(config.data, log=lambda message: click.echo(f"xtrain: {message}", err=True))
+            sys.exit(launch.launch_torchrun(config_path, resolved_run_dir, overrides, resume, nproc))
+        from xtrain.train.trainer import train as run_training  # noqa: PLC0415
+
+        run_training(config, resolved_run_dir)
+    except XtrainError as error:
+        if not launch.report_user_error(str(error)):
+            click.echo(f"xtrain: error: {error}", err=True)
+        sys.exit(2)
+    except TrainingStoppedError as error:
+        click.echo(f"xtrain: {error}", err=True)
+        sys.exit(1)
+
+
+@main.group()
+def data() -> None:
+    """Training data: tokenise and cache ahead of a run."""
+
+
+@data.command()
+@click.argument("config_path", metavar="CONFIG.toml", type=click.Path(path_type=Path))
+@click.option(
+    "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config key (repeatable)."
+)
+def prepare(config_path: Path, overrides: tuple[str, ...]) -> None:
+    """Build the token cache of CONFIG.toml's data sources (what `xtrain train` would build at start)."""
+    from xtrain.data import run_prepare  # noqa: PLC0415
+    from xtrain.errors import XtrainError  # noqa: PLC0415
+    from xtrain.train import launch  # noqa: PLC0415
+
+    try:
+        config = launch.load_and_check(config_path, overrides)
+        summary = run_prepare(config.data, log=lambda message: click.echo(f"xtrain: {message}", err=True))
+    except XtrainError as error:
+        click.echo(f"xtrain: error: {error}", err=True)
+        sys.exit(2)
+    click.echo(summary.describe())

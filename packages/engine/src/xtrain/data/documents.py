@@ -23,6 +23,7 @@ from typing import Any, Literal
 import jinja2
 import numpy as np
 import numpy.typing as npt
+
 from xtrain.data.chat_template import ChatRenderer, ChatTemplateError, RenderedChat
 from xtrain.data.tokenizer import TokenizerFolder
 from xtrain.errors import DataError

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
+
 from xtrain.errors import DataError
 
 # The named special tokens Hugging Face passes to a chat template as variables (``bos_token``, ``eos_token``, ...).

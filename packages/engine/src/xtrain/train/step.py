@@ -117,6 +117,7 @@ def train_step(
 
     With a ``collector``, the forward, backward and optimizer phases are recorded as deeptrace spans."""
     span = _spans(collector)
+    collective = _collectives(collector)
     moe_layers = [block for layer in model.layers if isinstance(block := getattr(layer, "moe", None), MoEBlock)]
     num_micro = len(micro_batches)
     device = micro_batches[0].input_ids.device
@@ -140,7 +141,8 @@ def train_step(
             ce, stats = model.forward_with_head(batch.input_ids, documents=batch.documents, head=head)
         loss = ce
         if stats:
-            counts_LE = _all_reduce_sum(torch.stack([s.tokens_per_expert for s in stats]).to(torch.float64))
+            with collective("all_reduce expert counts"):
+                counts_LE = _all_reduce_sum(torch.stack([s.tokens_per_expert for s in stats]).to(torch.float64))
             counts_so_far_LE = counts_LE if counts_so_far_LE is None else counts_so_far_LE + counts_LE
             estimate_LE = counts_so_far_LE * (num_micro / (index + 1))
             balance = load_balancing_loss(stats, estimate_LE, global_batch.routed_tokens)
@@ -154,11 +156,15 @@ def train_step(
             (loss * dp_size).backward()  # type: ignore[no-untyped-call]  # torch's backward is untyped
 
     with span("optimizer", Category.OPTIMIZER):
-        logged = _all_reduce_sum(logged)
+        with collective("all_reduce losses"):
+            logged = _all_reduce_sum(logged)
         aux = 0.0
         if counts_so_far_LE is not None and prob_sum_LE is not None:
-            aux = _exact_balance_loss(counts_so_far_LE, _all_reduce_sum(prob_sum_LE), global_batch.routed_tokens)
-        grad_norm = clip_grad_norm(list(model.parameters()), settings.max_grad_norm)
+            with collective("all_reduce router probabilities"):
+                prob_sum_LE = _all_reduce_sum(prob_sum_LE)
+            aux = _exact_balance_loss(counts_so_far_LE, prob_sum_LE, global_batch.routed_tokens)
+        with collective("all_reduce gradient norm"):
+            grad_norm = clip_grad_norm(list(model.parameters()), settings.max_grad_norm)
         ce_value, z_value = float(logged[0]), float(logged[1])
         finite = [np.isfinite(value) for value in (ce_value, grad_norm, aux, z_value)]
         skipped = not all(finite)
@@ -188,6 +194,14 @@ def _spans(collector: Collector | None) -> Callable[[str, Category], AbstractCon
     if collector is None:
         return lambda name, category: contextlib.nullcontext()
     return collector.span
+
+
+def _collectives(collector: Collector | None) -> Callable[[str], AbstractContextManager[object]]:
+    """The trainer's own collectives (FSDP's run inside FSDP and show in the profiler's trace): a deeptrace
+    COMM span each, matched across ranks by their order, and the heartbeat's last collective."""
+    if collector is None:
+        return lambda name: contextlib.nullcontext()
+    return collector.collective
 
 
 def _prob_sums(stats: Sequence[RouterStats]) -> Tensor:

@@ -1,0 +1,94 @@
+"""The command line's side of ``xtrain train``: check everything cheap before any process starts, then run.
+
+Three ways a training process comes to life, one code path in the end (``trainer.train``):
+
+- ``xtrain train CONFIG``: this process is the whole job (world size 1).
+- ``xtrain train CONFIG --nproc N``: this process validates the config, checks the files it names, builds the
+  token cache (so a bad data source is reported here, once), then starts torchrun (``--standalone``, N
+  processes on this node) running ``python -m xtrain train ...`` and returns its outcome.
+- ``torchrun ... -m xtrain train CONFIG``: torchrun started this process (one rank of a job that may span
+  nodes through torchrun's rendezvous); it trains.
+
+User errors in a rank (exit code 2) are collected through a folder named by XTRAIN_ERROR_DIR, so the launcher
+prints each distinct message once instead of torchrun's failure report.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from xtrain.config import TrainConfig, load_train_config, missing_paths
+from xtrain.errors import ConfigError
+
+ERROR_DIR_ENV = "XTRAIN_ERROR_DIR"
+"""Folder where each rank writes the message of a user error (set by the launcher for its ranks)."""
+RUN_DIR_ENV = "CLUSTERX_RUN_DIR"
+"""A clusterx job's run directory: where ``xtrain train`` writes when no --run-dir is given."""
+
+
+def resolve_run_dir(run_dir: Path | None, config_path: Path) -> Path:
+    """--run-dir, else the clusterx job's run directory, else runs/<config name> under the working directory."""
+    if run_dir is not None:
+        return run_dir.resolve()
+    from_job = os.environ.get(RUN_DIR_ENV)
+    if from_job:
+        return Path(from_job).resolve()
+    return (Path("runs") / config_path.stem).resolve()
+
+
+def load_and_check(config_path: Path, overrides: tuple[str, ...]) -> TrainConfig:
+    """The validated config, with every file and folder it names present (ConfigError otherwise)."""
+    config = load_train_config(config_path, overrides)
+    problems = missing_paths(config)
+    if problems:
+        raise ConfigError(
+            f"{config_path}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if problems[1:] else "")
+        )
+    return config
+
+
+def launch_torchrun(config_path: Path, run_dir: Path, overrides: tuple[str, ...], resume: str, nproc: int) -> int:
+    """Start ``nproc`` ranks on this node through torchrun and wait; the exit code of the job (2: user error)."""
+    command = [
+        sys.executable,
+        "-m",
+        "xtrain.train.torchrun",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "xtrain",
+        "train",
+        str(config_path.resolve()),
+        "--run-dir",
+        str(run_dir),
+        "--resume",
+        resume,
+    ]
+    for override in overrides:
+        command += ["--set", override]
+    env = dict(os.environ)
+    # Without this each rank would start as many compute threads as there are cores, and N ranks would fight.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    with tempfile.TemporaryDirectory(prefix="xtrain-errors-") as errors:
+        env[ERROR_DIR_ENV] = errors
+        code = subprocess.call(command, env=env)
+        messages = sorted({path.read_text().strip() for path in Path(errors).glob("rank-*.txt")})
+    for message in messages:
+        print(f"xtrain: error: {message}", file=sys.stderr)
+    if messages:
+        return 2
+    return code
+
+
+def report_user_error(message: str) -> bool:
+    """In a rank started by the launcher, leave the message for it to print once; False elsewhere (then the
+    caller prints it)."""
+    folder = os.environ.get(ERROR_DIR_ENV)
+    if not folder:
+        return False
+    Path(folder, f"rank-{os.environ.get('RANK', '0')}.txt").write_text(message)
+    return True
