@@ -61,6 +61,15 @@ class KinetoTrace:
              "args": {"device": 0, "stream": stream, "correlation": corr, **(args or {})}}
         )  # fmt: skip
 
+    def cpu(self, name: str, start_us: float, dur_us: float, *, tid: int = 1, cat: str = "cpu_op") -> None:
+        """A CPU event of the training thread (tid 1, the ProfilerStep thread) or, with `tid`, of another thread."""
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": start_us,
+                            "dur": dur_us, "args": {}})  # fmt: skip
+
+    def gloo(self, name: str, start_us: float, dur_us: float, *, tid: int = 9) -> None:
+        """A collective as gloo records it: a `gloo:<name>` annotation on its worker thread (tid 9)."""
+        self.cpu(f"gloo:{name}", start_us, dur_us, tid=tid, cat="user_annotation")
+
     def document(self) -> dict[str, Any]:
         doc: dict[str, Any] = {}
         if self.markers:

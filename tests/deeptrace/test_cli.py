@@ -132,3 +132,23 @@ def test_terminal_report_stays_short_with_many_ranks(straggler_dir: Path) -> Non
     assert "Per-step figures of 100 ranks" in text
     assert "the 32 ranks that caused the most waiting" in text
     assert len(text.splitlines()) < 200
+
+
+def test_cpu_only_run_dir_reports_overlap_and_how_it_was_read(tmp_path: Path) -> None:
+    # The real gloo traces of tests/deeptrace/data, where xtrain writes them: RUN_DIR/profiler/rank-R.json(.gz).
+    profiler = tmp_path / "run" / "profiler"
+    profiler.mkdir(parents=True)
+    for rank in (0, 1):
+        name = f"gloo-fsdp2-cpu-rank-{rank}.json.gz"
+        (profiler / f"rank-{rank}.json.gz").write_bytes((Path(__file__).parent / "data" / name).read_bytes())
+    result = run(str(tmp_path / "run"), "--json", "--no-png", "--jobs", "1")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    for rank in ("0", "1"):
+        r = report["ranks"][rank]
+        assert r["source"] == "kineto" and r["timing"] == "cpu"
+        assert r["overlap_pct"] > 0 and r["exposed_comm_ms_per_step"] > 0
+        assert "CPU-only trace" in r["timing_note"]
+    assert report["collectives"]["matched"] == 41
+    assert "nothing to analyse" not in result.stderr
+    assert "(CPU)" in (tmp_path / "run" / "deeptrace" / "report.md").read_text()

@@ -27,6 +27,7 @@ def test_union_and_intersection_match_brute_force(a: list[tuple[int, int]], b: l
     assert iv.total(ma) == _grid(a).sum()
     assert iv.intersection(ma, mb) == (_grid(a) & _grid(b)).sum()
     assert iv.total(iv.union(ma, mb)) == (_grid(a) | _grid(b)).sum()
+    assert iv.total(iv.difference(ma, mb)) == (_grid(a) & ~_grid(b)).sum()
     # merged sets are sorted and disjoint
     assert np.all(ma[0][1:] > ma[1][:-1])
 
@@ -40,3 +41,11 @@ def test_coarsen_joins_small_gaps_only() -> None:
     merged = (np.array([0, 12, 100], np.int64), np.array([10, 20, 110], np.int64))
     s, e = iv.coarsen(merged, 5)
     assert s.tolist() == [0, 100] and e.tolist() == [20, 110]
+
+
+def test_difference_keeps_what_the_second_set_does_not_cover() -> None:
+    a = (np.array([0, 20, 50], np.int64), np.array([10, 40, 60], np.int64))
+    b = (np.array([5, 40], np.int64), np.array([25, 55], np.int64))
+    s, e = iv.difference(a, b)
+    assert list(zip(s.tolist(), e.tolist(), strict=True)) == [(0, 5), (25, 40), (55, 60)]
+    assert iv.difference(a, (np.empty(0, np.int64), np.empty(0, np.int64)))[0].tolist() == [0, 20, 50]

@@ -57,6 +57,19 @@ def union(*sets: tuple[I64, I64]) -> tuple[I64, I64]:
     return merge(np.concatenate([s[0] for s in sets]), np.concatenate([s[1] for s in sets]))
 
 
+def difference(a: tuple[I64, I64], b: tuple[I64, I64]) -> tuple[I64, I64]:
+    """The part of merged set `a` not covered by merged set `b`, merged."""
+    if a[0].size == 0 or b[0].size == 0:
+        return a
+    # Sweep: +1/-1 at a's bounds, +2/-2 at b's; the segments where the running sum is 1 are in a and not in b.
+    times = np.concatenate((a[0], a[1], b[0], b[1]))
+    deltas = np.concatenate((np.ones(a[0].size), -np.ones(a[1].size), np.full(b[0].size, 2), np.full(b[1].size, -2)))
+    order = np.argsort(times, kind="stable")
+    times, level = times[order], np.cumsum(deltas[order].astype(np.int64))
+    keep = (level[:-1] == 1) & (times[1:] > times[:-1])
+    return merge(times[:-1][keep], times[1:][keep])
+
+
 def clip(merged: tuple[I64, I64], lo: int, hi: int) -> tuple[I64, I64]:
     """The part of a merged set inside [lo, hi]."""
     s = np.clip(merged[0], lo, hi)

@@ -62,6 +62,8 @@ class RankResult:
     timeline: Timeline
     warnings: list[str] = field(default_factory=list)
     merge_rows: MergeRows | None = None
+    timing: str = "gpu"  # RankTable.timing
+    timing_note: str | None = None
 
     @property
     def has_comm(self) -> bool:
@@ -103,7 +105,7 @@ def analyse_rank(job: RankJob) -> RankResult:
     """Parse and analyse one file. Raises TraceInputError for unusable input (the caller reports it)."""
     table = load_table(job)
     if len(table) == 0:
-        raise TraceInputError(job.path, "no GPU kernels or spans in the trace: nothing to analyse")
+        raise TraceInputError(job.path, "no GPU kernels, CPU operators or spans in the trace: nothing to analyse")
     counts = Counter(CATEGORIES[c].value for c in table.category.tolist())
     return RankResult(
         rank=table.rank,
@@ -117,6 +119,8 @@ def analyse_rank(job: RankJob) -> RankResult:
         timeline=_timeline(table),
         warnings=list(table.warnings),
         merge_rows=_merge_rows(table) if job.keep_rows else None,
+        timing=table.timing,
+        timing_note=table.timing_note,
     )
 
 

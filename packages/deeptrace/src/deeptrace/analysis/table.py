@@ -49,6 +49,10 @@ class RankTable:
     world_size: int | None = None
     unclassified: Counter[str] = field(default_factory=Counter)
     warnings: list[str] = field(default_factory=list)
+    # What the times measure: "gpu" (kernels of a Kineto trace), "cpu" (a CPU-only Kineto trace, read by
+    # deeptrace.kineto.cpu_timing) or "spans" (collector spans); timing_note says how a CPU trace was read.
+    timing: str = "gpu"
+    timing_note: str | None = None
 
     def __len__(self) -> int:
         return int(self.start_ns.size)
@@ -104,6 +108,7 @@ def table_from_spans(
         groups=groups.values,
         complete_steps=steps,
         world_size=world_size,
+        timing="spans",
     )
     other = table.mask(Category.OTHER)
     table.unclassified.update(table.names[i] for i in table.name_id[other])

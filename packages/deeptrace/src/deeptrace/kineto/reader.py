@@ -5,6 +5,9 @@ NCCL metadata Kineto copies into the kernel's args (process group, sequence numb
 (cuda_runtime / cuda_driver events): correlation id and time. Kept per `ProfilerStep#N`: its window. Everything
 else (CPU operators, python functions, flows) is decoded and dropped at once.
 
+A trace without any GPU event (a CPU-only run with gloo) is read again for its CPU threads instead
+(`deeptrace.kineto.cpu_reader`).
+
 Steps are mapped to GPU time as HTA does: a kernel belongs to the ProfilerStep whose CPU window contains the CPU
 call that launched it (found through the correlation id), not to the step its GPU time falls in.
 """
@@ -20,15 +23,16 @@ from typing import Any
 import numpy as np
 
 from deeptrace.analysis.intervals import I64
-from deeptrace.analysis.table import CODE, NO_STEP, RankTable, _Interner
+from deeptrace.analysis.table import CODE, RankTable, _Interner
 from deeptrace.classify import GPU_EVENT_CATEGORIES, KernelClassifier
 from deeptrace.errors import TraceInputError
+from deeptrace.kineto.cpu_reader import read_cpu_table
+from deeptrace.kineto.steps import NO_TIME, assign_steps, profiler_step
 from deeptrace.kineto.stream import TraceEventStream
 from deeptrace.spans import Category
 
 KINETO_MARKERS = ("schemaVersion", "distributedInfo", "deviceProperties")
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
-_STEP_NAME = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
 
 
@@ -69,10 +73,9 @@ class _Collected:
         elif cat != "gpu_user_annotation":
             name = event.get("name")
             if isinstance(name, str) and name.startswith("ProfilerStep"):
-                found = _STEP_NAME.match(name)
-                if found:
-                    start = _ns(event["ts"])
-                    self.steps.append((int(found.group(1)), start, start + _ns(event.get("dur", 0))))
+                step = profiler_step(name, _ns(event["ts"]), _ns(event.get("dur", 0)))
+                if step is not None:
+                    self.steps.append(step)
 
     def _add_gpu(self, event: dict[str, Any], cat: str) -> None:
         args = event.get("args") or {}
@@ -135,38 +138,22 @@ def read_kineto(path: Path, classifier: KernelClassifier | None = None) -> RankT
         warnings.append(f"{path}: no distributedInfo.rank in the trace; rank {rank} taken from the file name")
     world_size = info.get("world_size") if isinstance(info.get("world_size"), int) else None
     base_ns = meta.get("baseTimeNanoseconds")
-    table = _build_table(path, rank, kept, offset=int(base_ns) if isinstance(base_ns, int) else 0)
+    offset = int(base_ns) if isinstance(base_ns, int) else 0
+    # No GPU event at all: a CPU-only run (gloo). Its truth is in the CPU threads, read in a second pass so that
+    # GPU traces never keep their CPU events.
+    cpu_only = len(kept.start) == 0
+    table = read_cpu_table(path, rank, offset) if cpu_only else _build_table(path, rank, kept, offset)
     table.world_size = world_size
     table.warnings = warnings + table.warnings
     return table
 
 
 def _build_table(path: Path, rank: int, kept: _Collected, offset: int) -> RankTable:
-    warnings: list[str] = []
     correlation = np.frombuffer(kept.correlation, dtype=np.int64)
     launched_at = _launch_times(
         correlation, np.frombuffer(kept.launch_corr, np.int64), np.frombuffer(kept.launch_ts, np.int64)
     )
-    has_launch = launched_at != np.iinfo(np.int64).min
-    step = np.full(correlation.size, NO_STEP, dtype=np.int64)
-    steps = sorted(kept.steps, key=lambda s: s[1])
-    if steps:
-        starts = np.array([s[1] for s in steps], np.int64)
-        ends = np.array([s[2] for s in steps], np.int64)
-        numbers = np.array([s[0] for s in steps], np.int64)
-        idx = np.searchsorted(starts, launched_at, side="right") - 1
-        inside = has_launch & (idx >= 0) & (launched_at < ends[np.maximum(idx, 0)])
-        step[inside] = numbers[idx[inside]]
-    if len(steps) >= 2:
-        # HTA's window: kernels launched before the last ProfilerStep began (the profiler stops inside it).
-        in_window = has_launch & (launched_at < steps[-1][1])
-        last = steps[-1][0]
-        complete = sorted({int(s) for s in np.unique(step[in_window]) if s not in (NO_STEP, last)})
-    else:
-        in_window = np.ones(correlation.size, dtype=bool)
-        complete = [steps[0][0]] if steps else []
-        if not steps:
-            warnings.append(f"{path}: no ProfilerStep#N spans: the whole trace is analysed as one step")
+    placed = assign_steps(launched_at, kept.steps, path)
     return RankTable(
         rank=rank,
         source="kineto",
@@ -176,23 +163,22 @@ def _build_table(path: Path, rank: int, kept: _Collected, offset: int) -> RankTa
         category=np.frombuffer(kept.category, np.int8).copy(),
         track=np.frombuffer(kept.track, np.int32).copy(),
         name_id=np.frombuffer(kept.name, np.int32).copy(),
-        step=step,
+        step=placed.step,
         group_id=np.frombuffer(kept.group, np.int32).copy(),
         seq=np.frombuffer(kept.seq, np.int64).copy(),
-        in_window=in_window,
+        in_window=placed.in_window,
         tracks=kept.tracks.values,
         names=kept.names.values,
         groups=kept.groups.values,
-        complete_steps=complete,
+        complete_steps=placed.complete,
         unclassified=kept.unclassified,
-        warnings=warnings,
+        warnings=placed.warnings,
     )
 
 
 def _launch_times(correlation: I64, launch_corr: I64, launch_ts: I64) -> I64:
     """For each GPU event, the time of the CPU call that launched it (int64 min when none is in the trace)."""
-    missing = np.iinfo(np.int64).min
-    out = np.full(correlation.size, missing, dtype=np.int64)
+    out = np.full(correlation.size, NO_TIME, dtype=np.int64)
     if launch_corr.size == 0 or correlation.size == 0:
         return out
     order = np.argsort(launch_corr, kind="stable")

@@ -27,11 +27,15 @@ def render_markdown(report: dict[str, Any], png_name: str | None = None) -> str:
     ]
     for rank, r in report["ranks"].items():
         b = r["breakdown"]
+        source = r["source"] + (" (CPU)" if r.get("timing") == "cpu" else "")
         lines.append(
-            f"| {rank} | {r['source']} | {_f(r['overlap_pct'], '%')} | {_f(r['exposed_comm_ms_per_step'])} |"
+            f"| {rank} | {source} | {_f(r['overlap_pct'], '%')} | {_f(r['exposed_comm_ms_per_step'])} |"
             f" {_f(b['compute_ms'])} | {_f(b['comm_ms'])} | {_f(b['exposed_comm_ms'])} | {_f(b['memory_ms'])} |"
             f" {_f(b['idle_ms'])} | {_f(b['window_ms'])} |"
         )
+    notes = [f"- rank {rank}: {r['timing_note']}" for rank, r in report["ranks"].items() if r.get("timing_note")]
+    if notes:
+        lines += ["", "How the CPU traces were read:", "", *notes]
     lines += [
         "",
         "## Per rank and step (ms)",

@@ -44,6 +44,8 @@ def build_report(analysis: RunAnalysis) -> dict[str, Any]:
         ranks[str(rank)] = {
             "source": result.source,
             "path": result.path,
+            "timing": result.timing,
+            "timing_note": result.timing_note,
             "overlap_pct": _round(result.breakdown.overall.overlap_pct, 2) if has_comm else None,
             "exposed_comm_ms_per_step": _round(result.breakdown.exposed_comm_ms_per_step) if has_comm else None,
             "breakdown": overall,

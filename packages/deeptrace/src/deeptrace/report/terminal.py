@@ -42,6 +42,9 @@ def render_terminal(report: dict[str, Any], console: Console) -> None:
             _ms(r["clock_offset_ms"]),
         )
     console.print(table)
+    for rank, r in ranks.items():
+        if r.get("timing_note"):
+            console.print(f"rank {rank}: {r['timing_note']}")
 
     rows = sum(min(len(r["steps"]), MAX_STEPS_PER_RANK) for r in ranks.values())
     if rows > MAX_STEP_ROWS:
