@@ -91,8 +91,10 @@ def train(config_path: Path, run_dir: Path | None, overrides: tuple[str, ...], r
 
     try:
         config = launch.load_and_check(config_path, overrides)
+        launch.check_resume(resume)
         resolved_run_dir = launch.resolve_run_dir(run_dir, config_path)
         if nproc is not None and not launched_by_torchrun():
+            launch.check_world_size(config, nproc)
             from xtrain.data import prepare_corpus  # noqa: PLC0415
             from xtrain.train.trainer import check_fresh_run_dir  # noqa: PLC0415
 

@@ -236,7 +236,9 @@ def _apply_override(raw: dict[str, Any], override: str, config_path: Path) -> No
 
 
 def _describe(error: ValidationError, path: Path) -> str:
-    first = error.errors()[0]
+    # A misspelt key also leaves the key it meant missing: name the misspelling, whose message says the fix.
+    errors = sorted(error.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    first = errors[0]
     location = [part for part in first["loc"] if not isinstance(part, str) or not part.startswith("function-")]
     dotted = _dotted(location)
     if first["type"] == "extra_forbidden":

@@ -51,6 +51,30 @@ def load_and_check(config_path: Path, overrides: tuple[str, ...]) -> TrainConfig
     return config
 
 
+def check_world_size(config: TrainConfig, world_size: int) -> None:
+    """What the number of processes must satisfy (checked by the launcher before it starts them, and by every
+    rank under torchrun)."""
+    if config.train.global_batch % world_size:
+        raise ConfigError(
+            f"train.global_batch = {config.train.global_batch} must be a multiple of the number of processes "
+            f"({world_size}): each rank runs global_batch / processes packs per step"
+        )
+    if world_size % config.parallel.replicate:
+        raise ConfigError(
+            f"parallel.replicate = {config.parallel.replicate} must divide the number of processes ({world_size})"
+        )
+
+
+def check_resume(resume: str) -> None:
+    """``--resume``: ``auto`` and ``none`` start a new run while no checkpoint can exist; a path cannot be honoured
+    until xtrain writes checkpoints."""
+    if resume not in {"auto", "none"}:
+        raise ConfigError(
+            f"--resume {resume}: this version of xtrain writes no checkpoints, so there is nothing to resume from; "
+            "use --resume none (or auto) to start a new run"
+        )
+
+
 def launch_torchrun(config_path: Path, run_dir: Path, overrides: tuple[str, ...], resume: str, nproc: int) -> int:
     """Start ``nproc`` ranks on this node through torchrun and wait; the exit code of the job (2: user error)."""
     command = [

@@ -15,9 +15,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -43,10 +43,13 @@ from xtrain.parallel.mesh import data_parallel_mesh
 from xtrain.train.metrics import device_peak_flops, memory_figures, mfu
 from xtrain.train.optimizer import build_optimizer
 from xtrain.train.progress import ProgressLine
+from xtrain.train.launch import check_world_size
 from xtrain.train.schedule import build_scheduler
 from xtrain.train.step import GlobalBatch, LossSettings, MicroBatch, train_step
 
 log = logging.getLogger("xtrain")
+
+Finished = TypeVar("Finished")
 
 
 def resolve_model_config(config: TrainConfig) -> ModelConfig:
@@ -100,34 +103,36 @@ def check_fresh_run_dir(run_dir: Path) -> None:
     """A new run never appends to another run's metrics."""
     if layout.metrics_path(run_dir).exists():
         raise ConfigError(
-            f"run directory {run_dir} already holds a run (metrics.jsonl): choose another --run-dir, or pass "
-            "--resume auto to continue it from its newest checkpoint"
+            f"run directory {run_dir} already holds a run (metrics.jsonl) and this version of xtrain writes no "
+            "checkpoints to continue it from: choose another --run-dir, or remove this one"
         )
 
 
-def train(config: TrainConfig, run_dir: Path) -> None:
-    """Run the whole training job in this process (one rank of it)."""
+def train(
+    config: TrainConfig, run_dir: Path, *, finish: Callable[[Transformer], Finished] | None = None
+) -> Finished | None:
+    """Run the whole training job in this process (one rank of it).
+
+    ``finish``, when given, is called on every rank with the trained (sharded) model while the process group is
+    still up (it may run collectives, e.g. gather the full weights); its result is returned."""
     dist_ctx = init_distributed()
     try:
-        _train(config, run_dir, dist_ctx)
+        model = _train(config, run_dir, dist_ctx)
+        return finish(model) if finish is not None else None
     finally:
         close_distributed()
 
 
-def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed) -> None:
+def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed) -> Transformer:
     check_fresh_run_dir(run_dir)
     barrier()  # every rank checked before rank 0 writes the first file
     world = dist_ctx.world_size
-    if config.train.global_batch % world:
-        raise ConfigError(
-            f"train.global_batch = {config.train.global_batch} must be a multiple of the number of processes "
-            f"({world}): each rank runs global_batch / processes packs per step"
-        )
+    check_world_size(config, world)
     writer = RunWriter(run_dir, dist_ctx.rank, world)
     _setup_logging(run_dir, dist_ctx.rank)
     collector = Collector(run_dir, dist_ctx.rank, world, trace=config.trace.enabled)
     try:
-        _run(config, run_dir, dist_ctx, writer, collector)
+        model = _run(config, run_dir, dist_ctx, writer, collector)
     except BaseException as error:
         collector.close("crashed", error=f"{type(error).__name__}: {error}")
         raise
@@ -135,11 +140,12 @@ def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed) -> None:
         collector.close()
     finally:
         writer.close()
+    return model
 
 
 def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
     config: TrainConfig, run_dir: Path, dist_ctx: Distributed, writer: RunWriter, collector: Collector
-) -> None:
+) -> Transformer:
     started = time.perf_counter()
     model_cfg = resolve_model_config(config)
     torch.manual_seed(config.train.seed)
@@ -258,6 +264,7 @@ def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
                     "lower optim.lr or check the data"
                 )
     log.info("trained %d steps in %.1f s", config.train.max_steps, time.perf_counter() - train_started)
+    return model
 
 
 @contextlib.contextmanager
