@@ -47,7 +47,7 @@ def plain_training(
     aux_coef = config.loss.aux_loss_coef if config.loss.aux_loss_coef is not None else (moe.aux_loss_coef if moe else 0)
     z_coef = config.loss.z_loss_coef if config.loss.z_loss_coef is not None else (moe.z_loss_coef if moe else 0)
     corpus = prepare_corpus(config.data)
-    stream = PackStream(corpus, config.data.pack_tokens, seed=config.train.seed)
+    stream = PackStream(corpus, config.data.pack_tokens, seed=config.train.seed, lookahead=config.data.pack_lookahead)
     history = []
     for step in range(1, config.train.max_steps + 1):
         lr = linear_schedule_lr(

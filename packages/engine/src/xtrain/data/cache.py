@@ -2,7 +2,7 @@
 
 Layout under the cache root (``DataConfig.resolved_cache_dir()``)::
 
-    digests/<hash of the path>.json            content digest of a source file, valid while its size and mtime hold
+    digests/<hash of the path>.json            content digest of a source file, valid while its stat stamp holds
     <file stem>-<key>/source.json              what the entry was built from (for people; not read back)
     <file stem>-<key>/part-00000/tokens.npy    uint32 [tokens]: the documents' ids back to back
     <file stem>-<key>/part-00000/offsets.npy   int64 [documents + 1]: document d is tokens[offsets[d]:offsets[d+1]]
@@ -22,6 +22,7 @@ import json
 import math
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ PART_BYTES = 32 * 2**20
 """A source file is tokenised in parts of about this many bytes; each part is one unit of parallel work."""
 BAD_LINES_KEPT = 20
 """How many bad lines (line and reason) each part records for the log; all of them are counted."""
+RACY_MARGIN_NS = 2 * 10**9
+"""A remembered file digest is trusted only for a file unchanged this long before it was hashed (see file_digest)."""
 _ENCODE_BATCH = 512  # lines per call into the tokenizer (it parallelises a batch over its own threads)
 
 
@@ -58,20 +61,32 @@ def discover_files(source: DataSource) -> list[Path]:
 
 
 def file_digest(path: Path, cache_root: Path) -> str:
-    """BLAKE2b of the file's bytes, remembered under ``digests/`` while the file's size and mtime stay the same."""
+    """BLAKE2b of the file's bytes, remembered under ``digests/`` while the file's stat stamp stays the same.
+
+    The stamp is size, mtime, ctime and inode (ctime changes on every write and rename, and no tool sets it back).
+    A memo is trusted only when the file was last changed at least ``RACY_MARGIN_NS`` before it was hashed:
+    file systems stamp times with a coarse clock, so a file rewritten within the same tick can keep its stamp.
+    """
     stat = path.stat()
+    stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
     memo = cache_root / "digests" / f"{hashlib.blake2b(str(path).encode(), digest_size=12).hexdigest()}.json"
     try:
         known = json.loads(memo.read_text())
-        if known["path"] == str(path) and known["size"] == stat.st_size and known["mtime_ns"] == stat.st_mtime_ns:
+        last_change = max(stat.st_mtime_ns, stat.st_ctime_ns)
+        if (
+            known["path"] == str(path)
+            and known["stamp"] == stamp
+            and int(known["hashed_at_ns"]) - last_change >= RACY_MARGIN_NS
+        ):
             return str(known["digest"])
     except (OSError, ValueError, KeyError, TypeError):
-        pass  # no memo yet, or an unreadable one: hash the file
+        pass  # no memo yet, an unreadable or untrusted one: hash the file
+    hashed_at_ns = time.time_ns()  # before reading: a write during the hash makes the memo untrusted
     digest = hashlib.blake2b(digest_size=20)
     with path.open("rb") as stream:
         while chunk := stream.read(1 << 22):
             digest.update(chunk)
-    record = {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "digest": digest.hexdigest()}
+    record = {"path": str(path), "stamp": stamp, "hashed_at_ns": hashed_at_ns, "digest": digest.hexdigest()}
     _write_text_atomically(memo, json.dumps(record))
     return digest.hexdigest()
 
@@ -154,6 +169,9 @@ def build_part(entry: CachedFile, part: int, encoder: DocumentEncoder, on_bytes:
 class CachedPart:
     """One part opened read-only: memory-mapped arrays and its meta."""
 
+    file: Path
+    """The source file this part was opened for (``meta["file"]`` names the file that built it, which may be
+    another file with the same content)."""
     tokens: npt.NDArray[np.uint32]
     offsets: npt.NDArray[np.int64]
     loss_mask: npt.NDArray[np.uint8] | None
@@ -174,6 +192,7 @@ def open_part(entry: CachedFile, part: int) -> CachedPart:
     meta = json.loads((folder / "meta.json").read_text())
     mask_file = folder / "loss_mask.npy"
     return CachedPart(
+        file=entry.path,
         tokens=_load_array(folder / "tokens.npy"),
         offsets=_load_array(folder / "offsets.npy"),
         loss_mask=_load_array(mask_file) if mask_file.is_file() else None,

@@ -4,8 +4,10 @@ transformers renders ``chat_template`` in an immutable sandboxed Jinja environme
 ``lstrip_blocks``, the ``loopcontrols`` extension, a ``{% generation %}`` block tag that marks assistant text,
 a ``raise_exception(message)`` global, a ``tojson`` filter that does not escape HTML, a ``strftime_now(format)``
 global, and the tokenizer's named special tokens (``bos_token``, ``eos_token``, ...) as variables, with
-``messages``, ``tools=None``, ``documents=None`` and ``add_generation_prompt``. This module builds the same
-environment (its own code) so the text, and therefore the tokens, match ``apply_chat_template``.
+``messages``, ``tools=None``, ``documents=None`` and ``add_generation_prompt``. A message's reasoning, under any
+of the names ``reasoning_content``, ``thinking`` and ``reasoning``, is also given under ``reasoning_content`` and
+``thinking`` (templates read one or the other). This module builds the same environment (its own code) so the
+text, and therefore the tokens, match ``apply_chat_template``.
 
 Assistant spans (the characters that carry loss):
 
@@ -34,6 +36,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 Message = Mapping[str, Any]
 
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+"""Names a message's reasoning goes by; transformers fills ``thinking`` and ``reasoning_content`` from the first set."""
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 # While a render that wants assistant spans runs: the text yielded so far and the spans found.
 _SPAN_TRACKING: ContextVar[tuple[list[str], list[tuple[int, int]]] | None] = ContextVar(
@@ -134,7 +138,7 @@ class ChatRenderer:
     def _generate(self, messages: Sequence[Message], add_generation_prompt: bool) -> Iterator[str]:
         variables = {
             **self._special_tokens,
-            "messages": [dict(message) for message in messages],
+            "messages": [_with_reasoning_aliases(message) for message in messages],
             "tools": None,
             "documents": None,
             "add_generation_prompt": add_generation_prompt,
@@ -143,6 +147,13 @@ class ChatRenderer:
             yield from self._template.generate(**variables)
         except jinja2.exceptions.TemplateError as error:
             raise ChatTemplateError(f"chat template: {error}") from None
+
+
+def _with_reasoning_aliases(message: Message) -> dict[str, Any]:
+    reasoning = next((message[key] for key in REASONING_FIELDS if message.get(key) is not None), None)
+    if reasoning is None:
+        return dict(message)
+    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from xtrain.data.cache import (
@@ -146,10 +147,11 @@ def prepare_corpus(
         parts_reused=len(mine) - len(missing),
         parts_built=len(missing),
     )
-    _log_bad_lines(corpus, log)
+    # An unusable source first: its error names the file and its first bad line, as the one message the user sees.
     for source in sources:
         if source.num_documents == 0:
             raise DataError(f"{source.path}: no valid line in this data source{_first_bad_line(source)}")
+    _log_bad_lines(corpus, log)
     return corpus
 
 
@@ -177,10 +179,12 @@ class PrepareSummary:
 
 
 def run_prepare(config: DataConfig, *, log: Callable[[str], None] = print, progress: bool = True) -> PrepareSummary:
-    """Build the token cache of ``config`` in this one process (``xtrain data prepare``) and summarise it."""
+    """Build the token cache of ``config`` in this one process (``xtrain data prepare``) and summarise it.
+
+    ``log`` gets the skipped lines; printing the summary is the caller's (the CLI prints ``describe()``)."""
     started = time.perf_counter()
     corpus = prepare_corpus(config, progress=progress, log=log)
-    summary = PrepareSummary(
+    return PrepareSummary(
         files=corpus.num_files,
         documents=corpus.num_documents,
         tokens=corpus.num_tokens,
@@ -190,14 +194,13 @@ def run_prepare(config: DataConfig, *, log: Callable[[str], None] = print, progr
         cache_dir=corpus.cache_dir,
         seconds=time.perf_counter() - started,
     )
-    log(summary.describe())
-    return summary
 
 
 def _build(tasks: list[tuple[CachedFile, int]], encoder: DocumentEncoder, progress: bool) -> None:
     columns = (TextColumn("tokenising"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
     total = sum(_part_size(entry, part) for entry, part in tasks)
-    with Progress(*columns, disable=not progress) as bar:
+    # On stderr, where the log goes: stdout stays for the summary a script may read.
+    with Progress(*columns, console=Console(stderr=True), disable=not progress or not tasks) as bar:
         task_id = bar.add_task("tokenising", total=total)
         for entry, part in tasks:
             build_part(entry, part, encoder, lambda done: bar.advance(task_id, done))
@@ -230,11 +233,7 @@ def _pad_id(pad: int | None, eos: int | None) -> int:
 
 
 def _bad_lines(source: SourceDocuments) -> list[tuple[Path, int, str]]:
-    return [
-        (Path(part.meta["file"]), int(offset), str(reason))
-        for part in source.parts
-        for offset, reason in part.meta["bad_lines"]
-    ]
+    return [(part.file, int(offset), str(reason)) for part in source.parts for offset, reason in part.meta["bad_lines"]]
 
 
 def _first_bad_line(source: SourceDocuments) -> str:
