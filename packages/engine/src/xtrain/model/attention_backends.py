@@ -7,12 +7,14 @@ Backends, in the order ``"auto"`` prefers them:
 - ``flash_attn``: flash-attn's ``flash_attn_varlen_func`` (CUDA, fp16/bf16, when the package is installed).
 - ``torch_varlen``: torch's own ``torch.nn.attention.varlen.varlen_attn`` (CUDA, fp16/bf16, torch >= 2.10;
   it has no CPU kernel).
-- ``sdpa``: ``scaled_dot_product_attention`` once per document, on any device and dtype. The CPU path, and the
-  fallback for fp32 on CUDA (the varlen kernels only take half precision).
+- ``sdpa``: ``scaled_dot_product_attention`` once per document (:mod:`xtrain.model.document_sdpa`), on any
+  device and dtype. The CPU path, and the fallback for fp32 on CUDA (the varlen kernels only take half precision).
 
 Selection is a pure function of :class:`Capabilities`, so it is tested on a CPU machine with capabilities
 injected; :func:`detect_capabilities` fills them in from the running process. A backend requested by name
 that cannot run raises :class:`~xtrain.errors.AttentionBackendError` instead of silently falling back.
+:func:`resolve_attention` memoises the whole choice per (requested, device type, dtype): the model asks for its
+kernel at every forward, and the answer is computed on the first one only.
 """
 
 import functools
@@ -24,10 +26,10 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from xtrain.errors import AttentionBackendError
+from xtrain.model.document_sdpa import sdpa_per_document
 from xtrain.model.documents import PackedDocuments
 
 AttentionBackendName = Literal["auto", "flash_attn", "torch_varlen", "sdpa"]
@@ -90,6 +92,14 @@ def select_attention_backend(requested: str, caps: Capabilities) -> str:
     return requested
 
 
+@functools.cache
+def resolve_attention(requested: str, device_type: str, dtype: torch.dtype) -> AttentionFunction:
+    """The kernel for ``requested`` on this device type and dtype, selected once per combination (a failed
+    selection is not cached: it raises again on the next call)."""
+    caps = detect_capabilities(torch.device(device_type), dtype)
+    return attention_function(select_attention_backend(requested, caps))
+
+
 def attention_function(backend: str) -> AttentionFunction:
     functions: dict[str, AttentionFunction] = {
         "flash_attn": _flash_attn_varlen,
@@ -97,25 +107,6 @@ def attention_function(backend: str) -> AttentionFunction:
         "sdpa": sdpa_per_document,
     }
     return functions[backend]
-
-
-def sdpa_per_document(q_THd: Tensor, k_TKd: Tensor, v_TKd: Tensor, docs: PackedDocuments, scale: float) -> Tensor:
-    """Causal SDPA on each document's slice of the row; cost and memory grow with sum(L^2), not T^2."""
-    enable_gqa = q_THd.shape[1] != k_TKd.shape[1]
-    outputs = []
-    start = 0
-    for length in docs.lengths:
-        end = start + length
-        # SDPA wants [batch, heads, L, d]; one document is a batch of one.
-        q_1HLd = q_THd[start:end].transpose(0, 1).unsqueeze(0)
-        k_1KLd = k_TKd[start:end].transpose(0, 1).unsqueeze(0)
-        v_1KLd = v_TKd[start:end].transpose(0, 1).unsqueeze(0)
-        out_1HLd = F.scaled_dot_product_attention(
-            q_1HLd, k_1KLd, v_1KLd, is_causal=True, scale=scale, enable_gqa=enable_gqa
-        )
-        outputs.append(out_1HLd.squeeze(0).transpose(0, 1))
-        start = end
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
 
 
 def _flash_attn_varlen(q_THd: Tensor, k_TKd: Tensor, v_TKd: Tensor, docs: PackedDocuments, scale: float) -> Tensor:

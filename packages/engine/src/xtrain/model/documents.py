@@ -6,6 +6,10 @@ restart at 0 in each document. The lengths are read to the host once per forward
 the per-document attention path and the flash kernels both need them as Python ints; a caller that knows the
 lengths on the host already (the packer) builds :meth:`PackedDocuments.from_lengths` and passes it to the model
 instead, which avoids the sync.
+
+Under ``torch.compile`` the ``sdpa`` path reads only ``position_ids`` (shape [T] whatever the documents), never the
+host lengths, so a compiled layer serves every pack of the same row length (see :mod:`xtrain.model.document_sdpa`).
+The CUDA varlen kernels take ``cu_seqlens`` and ``max_seqlen`` (an int), which compile guards on.
 """
 
 import itertools

@@ -4,11 +4,14 @@
 builds the model on the meta device, materialises it empty, and fills it one shard at a time, so the host never
 holds more than the model plus the tensors being copied. ``load_hf_into(model, path)`` fills a model that exists
 already, also one whose parameters are sharded DTensors (FSDP2): each rank reads one tensor at a time and keeps
-only its own shard of it, so no rank ever holds the full model. ``save_hf(model, path)`` writes the same format back
-(sharded with an index above a size threshold; from a sharded model every rank takes part in gathering one
-layer at a time and rank 0 writes), with the per-expert layout that released Hub checkpoints use
-and transformers 5 writes (``mlp.experts.{e}.gate_proj.weight``...). Loading then saving reproduces every tensor
-bit for bit.
+only its own shard of it, so no rank ever holds the full model: the files are read tensor by tensor
+(``xtrain.model.safetensors_file``, never mapped whole) and a layer's fused expert tensors are built one at a
+time, so loading holds at most the model (or this rank's share of it) plus one full tensor.
+
+``save_hf(model, path)`` writes the same format back (sharded with an index above a size threshold; from a sharded
+model every rank takes part in gathering one layer at a time and rank 0 writes), with the per-expert layout that
+released Hub checkpoints use and transformers 5 writes (``mlp.experts.{e}.gate_proj.weight``...). Loading then
+saving reproduces every tensor bit for bit.
 
 Which HF key holds which tensor is decided in one place per part: :func:`dense_hf_keys` for everything outside
 the experts, ``xtrain.model.moe.hf_keys`` for one layer's MoE block. Every problem with a folder raises one
@@ -19,16 +22,15 @@ import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
 from xtrain.errors import CheckpointError, ConfigError
 from xtrain.model.config import ModelConfig
-from xtrain.model.moe.hf_keys import moe_state_from_hf, moe_state_to_hf
+from xtrain.model.moe.hf_keys import iter_moe_state_from_hf, moe_state_to_hf
+from xtrain.model.safetensors_file import SafetensorsFile
 from xtrain.model.transformer import Transformer
 
 CONFIG_FILE = "config.json"
@@ -273,8 +275,8 @@ def _read_weight_layout(folder: Path) -> dict[str, Path]:
 
 def _shard_keys(shard: Path) -> list[str]:
     try:
-        with safe_open(str(shard), framework="pt") as handle:
-            return list(handle.keys())
+        with SafetensorsFile(shard) as handle:
+            return handle.keys()
     except Exception as error:  # safetensors raises its own error types for every kind of bad file
         raise CheckpointError(f"{shard} is not a readable safetensors file: {error}") from None
 
@@ -353,8 +355,27 @@ def _fill_moe_layer(
     assign: TensorAssign,
 ) -> None:
     assert config.moe is not None  # moe_prefixes is empty without it
+    expected = {name for name in params if name.startswith(ours_prefix)}
+    filled: set[str] = set()
+    # One block tensor at a time, each dropped once assigned: loading holds at most one full tensor of the layer.
+    for name, tensor in _converted_moe_layer(theirs_prefix, config, reader):
+        target = params.get(ours_prefix + name)
+        if target is None:
+            raise CheckpointError(f"{reader.shard}: the MoE tensors under {theirs_prefix!r} do not fill the layer")
+        _copy_into(target, tensor, reader.shard, f"{theirs_prefix}* ({name})", assign)
+        filled.add(ours_prefix + name)
+        del tensor  # before the next one is built (the loop variable would keep it alive)
+    if filled != expected:
+        raise CheckpointError(f"{reader.shard}: the MoE tensors under {theirs_prefix!r} do not fill the layer")
+
+
+def _converted_moe_layer(
+    theirs_prefix: str, config: ModelConfig, reader: "_ShardReader"
+) -> Iterator[tuple[str, Tensor]]:
+    # Errors of the conversion itself (not of assigning its tensors) become one CheckpointError naming the file.
+    assert config.moe is not None  # only MoE layers get here
     try:
-        block_state = moe_state_from_hf(reader.get, theirs_prefix, config.moe)
+        yield from iter_moe_state_from_hf(reader.get, theirs_prefix, config.moe)
     except KeyError as error:
         where = reader.folder / (INDEX_FILE if reader.sharded else SINGLE_WEIGHTS_FILE)
         raise CheckpointError(
@@ -364,11 +385,6 @@ def _fill_moe_layer(
         if isinstance(error, CheckpointError):
             raise
         raise CheckpointError(f"{reader.shard}: the experts under {theirs_prefix!r} do not convert: {error}") from None
-    expected = {name for name in params if name.startswith(ours_prefix)}
-    if {ours_prefix + name for name in block_state} != expected:
-        raise CheckpointError(f"{reader.shard}: the MoE tensors under {theirs_prefix!r} do not fill the layer")
-    for name, tensor in block_state.items():
-        _copy_into(params[ours_prefix + name], tensor, reader.shard, f"{theirs_prefix}* ({name})", assign)
 
 
 class _ShardReader:
@@ -391,12 +407,12 @@ class _ShardReader:
         self._expected = expected_shapes
         self._stack = stack
         self._consumed = consumed
-        self._handles: dict[Path, Any] = {}
+        self._handles: dict[Path, SafetensorsFile] = {}
 
-    def _handle(self, file: Path) -> Any:
+    def _handle(self, file: Path) -> SafetensorsFile:
         if file not in self._handles:
             try:
-                self._handles[file] = self._stack.enter_context(safe_open(str(file), framework="pt"))
+                self._handles[file] = self._stack.enter_context(SafetensorsFile(file))
             except Exception as error:  # safetensors raises its own error types for every kind of bad file
                 raise CheckpointError(f"{file} is not a readable safetensors file: {error}") from None
         return self._handles[file]
@@ -410,7 +426,7 @@ class _ShardReader:
         if file is None:
             raise KeyError(key)
         try:
-            tensor: Tensor = self._handle(file).get_tensor(key)
+            tensor = self._handle(file).read(key)
         except CheckpointError:
             raise
         except Exception as error:

@@ -29,8 +29,8 @@ from torch import Tensor, nn
 from xtrain.model.attention import Attention
 from xtrain.model.attention_backends import (
     AttentionFunction,
-    attention_function,
     detect_capabilities,
+    resolve_attention,
     select_attention_backend,
 )
 from xtrain.model.config import ModelConfig
@@ -154,7 +154,7 @@ class Transformer(nn.Module):
         else:
             docs = PackedDocuments.from_cu_seqlens(cu_seqlens, ids_T.shape[0], ids_T.device)
         x_TD = self.embed_tokens(ids_T)
-        attend = attention_function(_resolve_backend(self.config.attention_backend, x_TD.device, x_TD.dtype))
+        attend = resolve_attention(self.config.attention_backend, x_TD.device.type, x_TD.dtype)
         rotary = rotary_cos_sin(docs.position_ids, self.config.head_dim, self.config.rope_theta, x_TD.dtype)
         router_stats: list[RouterStats] = []
         for layer in self.layers:
@@ -202,6 +202,14 @@ class Transformer(nn.Module):
         """
         index = self.init_part_names().index(name)
         part = self.get_submodule(name)
+        subclassed = sorted({type(p).__name__ for p in part.parameters() if type(p) not in {Tensor, nn.Parameter}})
+        if subclassed:
+            # In-place random init of a tensor subclass (a sharded DTensor) ignores the generator: the weights would
+            # be neither seeded nor those of the unsharded model. Refuse rather than initialise wrongly.
+            raise TypeError(
+                f"part {name!r} has {', '.join(subclassed)} parameters, which init_weights cannot initialise "
+                "reproducibly; initialise a sharded model with xtrain.parallel.materialize.init_weights_sharded"
+            )
         weight = next(part.parameters())
         # One generator per part: a part's weights do not depend on how many numbers other parts drew.
         generator = torch.Generator(device=weight.device).manual_seed(_part_seed(seed, index))

@@ -8,12 +8,16 @@ number of ranks, and no rank holds more than one part in full at a time.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from xtrain.model.transformer import Transformer
 from xtrain.parallel.tensors import assign_full, load_hf_sharded
+
+Value = TypeVar("Value")
 
 
 def materialize(model: Transformer, device: torch.device, *, seed: int, hf_path: Path | None = None) -> None:
@@ -36,7 +40,21 @@ def init_weights_sharded(model: Transformer, seed: int) -> None:
         part = twin.get_submodule(name)
         part.to_empty(device=device)
         twin.init_part(name, seed)
-        targets = model.get_submodule(name).state_dict(keep_vars=True)
+        targets = unwrapped_names(model.get_submodule(name).state_dict(keep_vars=True))
         for key, full in part.state_dict().items():
             assign_full(targets[key], full)
         part.to_empty(device="meta")  # frees the part before the next one is allocated
+
+
+# Attributes under which wrappers keep the module they wrap: torch.compile's OptimizedModule, checkpoint_wrapper,
+# FSDP1. They appear in state-dict keys (checkpoint_wrapper strips its own, OptimizedModule does not).
+WRAPPER_ATTRIBUTES = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
+
+
+def unwrapped_names(state: Mapping[str, Value]) -> dict[str, Value]:
+    """``state`` (tensors, gradients...) keyed as the unwrapped module would key it: wrapper attributes removed
+    from the names."""
+    return {
+        ".".join(part for part in key.split(".") if part not in WRAPPER_ATTRIBUTES): value
+        for key, value in state.items()
+    }

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from xtrain.model.hf import load_hf_into, save_hf
 from xtrain.model.transformer import Transformer
@@ -22,11 +22,37 @@ def assign_full(target: Tensor, full: Tensor) -> None:
     shard of it is kept. Every rank must hold the same ``full``: the shard is sliced locally, with no
     communication."""
     if isinstance(target, DTensor):
-        full = full.to(device=target.device, dtype=target.dtype)
-        shard = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None)
-        target.to_local().copy_(shard.to_local())
+        # The shard is copied straight out of a view of ``full``, in ``full``'s dtype (copy_ converts): converting
+        # the full tensor first, or materialising the shard on its own, would each add one more copy.
+        full = full.to(device=target.device)
+        local = target.to_local()
+        shard = _local_view(full, target)
+        if shard is None or shard.shape != local.shape:
+            shard = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None).to_local()
+        local.copy_(shard)
         return
     target.copy_(full)
+
+
+def _local_view(full: Tensor, target: DTensor) -> Tensor | None:
+    """This rank's shard of ``full`` as a view, for the placements FSDP2 uses (Shard, and Replicate for HSDP):
+    DTensor's rule, torch.chunk along the sharded dimension, one mesh dimension after another. None for other
+    placements (the caller then asks DTensor itself, at the cost of a copy)."""
+    coordinate = target.device_mesh.get_coordinate()
+    if coordinate is None:
+        return None
+    view = full
+    for mesh_dim, placement in enumerate(target.placements):
+        if type(placement) is Replicate:
+            continue
+        if type(placement) is not Shard or full.dim() == 0:  # e.g. _StridedShard (FSDP with TP), Partial
+            return None
+        dim = placement.dim % full.dim()
+        chunks = torch.chunk(view, target.device_mesh.size(mesh_dim), dim=dim)
+        index = coordinate[mesh_dim]
+        # torch.chunk may return fewer chunks than ranks: the ranks past the end hold an empty shard.
+        view = chunks[index] if index < len(chunks) else view.narrow(dim, 0, 0)
+    return view
 
 
 def full_tensor(tensor: Tensor) -> Tensor:

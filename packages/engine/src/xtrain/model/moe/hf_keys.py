@@ -14,7 +14,7 @@ so a read after a write gives back the same bits.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -41,35 +41,61 @@ def moe_state_from_hf(get: Callable[[str], torch.Tensor], hf_prefix: str, config
     `get(key)` returns a checkpoint tensor and raises KeyError for an absent key; the error of the first key
     of the per-expert layout propagates when neither expert layout is present.
     """
-    state = {"router.weight": get(f"{hf_prefix}gate.weight")}
+    return dict(iter_moe_state_from_hf(get, hf_prefix, config))
+
+
+def iter_moe_state_from_hf(
+    get: Callable[[str], torch.Tensor], hf_prefix: str, config: MoEConfig
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of :func:`moe_state_from_hf`, one (name, tensor) at a time.
+
+    Each fused expert tensor is allocated once and filled expert by expert as the checkpoint tensors are read,
+    and the generator drops its reference before building the next: a caller that also drops each tensor before
+    asking for the next holds at most one block tensor and one expert's slice at a time (what lets a sharded
+    load stay within one rank's share plus one tensor).
+    """
+    yield "router.weight", get(f"{hf_prefix}gate.weight")
     if config.router == "sigmoid_group_limited":
-        state["router.e_score_correction_bias"] = get(f"{hf_prefix}gate.e_score_correction_bias")
+        yield "router.e_score_correction_bias", get(f"{hf_prefix}gate.e_score_correction_bias")
     try:
         first_gate = get(f"{hf_prefix}experts.0.gate_proj.weight")
-    except KeyError:
+    except KeyError as per_expert_missing:
         try:
-            state["experts.gate_up_proj"] = get(f"{hf_prefix}experts.gate_up_proj")
-            state["experts.down_proj"] = get(f"{hf_prefix}experts.down_proj")
+            gate_up = get(f"{hf_prefix}experts.gate_up_proj")
         except KeyError:
-            pass
-        else:
-            return _with_shared(state, get, hf_prefix, config)
-        raise
-    gates = [first_gate] + [get(f"{hf_prefix}experts.{e}.gate_proj.weight") for e in range(1, config.num_experts)]
-    ups = [get(f"{hf_prefix}experts.{e}.up_proj.weight") for e in range(config.num_experts)]
-    downs = [get(f"{hf_prefix}experts.{e}.down_proj.weight") for e in range(config.num_experts)]
-    state["experts.gate_up_proj"] = torch.cat([torch.stack(gates), torch.stack(ups)], dim=1)
-    state["experts.down_proj"] = torch.stack(downs)
-    return _with_shared(state, get, hf_prefix, config)
-
-
-def _with_shared(
-    state: dict[str, torch.Tensor], get: Callable[[str], torch.Tensor], hf_prefix: str, config: MoEConfig
-) -> dict[str, torch.Tensor]:
+            raise per_expert_missing from None
+        yield "experts.gate_up_proj", gate_up
+        del gate_up
+        yield "experts.down_proj", get(f"{hf_prefix}experts.down_proj")
+    else:
+        f, d = first_gate.shape
+        gate_up = first_gate.new_empty((config.num_experts, 2 * f, d))
+        _place(gate_up[0, :f], first_gate, f"{hf_prefix}experts.0.gate_proj.weight")
+        del first_gate
+        for e in range(config.num_experts):
+            if e:
+                _place(gate_up[e, :f], get(key := f"{hf_prefix}experts.{e}.gate_proj.weight"), key)
+            _place(gate_up[e, f:], get(key := f"{hf_prefix}experts.{e}.up_proj.weight"), key)
+        yield "experts.gate_up_proj", gate_up
+        del gate_up
+        first_down = get(f"{hf_prefix}experts.0.down_proj.weight")
+        down = first_down.new_empty((config.num_experts, *first_down.shape))
+        _place(down[0], first_down, f"{hf_prefix}experts.0.down_proj.weight")
+        del first_down
+        for e in range(1, config.num_experts):
+            _place(down[e], get(key := f"{hf_prefix}experts.{e}.down_proj.weight"), key)
+        yield "experts.down_proj", down
+        del down
     if config.num_shared_experts > 0:
         for name in _SHARED:
-            state[f"shared_experts.{name}.weight"] = get(f"{hf_prefix}shared_experts.{name}.weight")
-    return state
+            yield f"shared_experts.{name}.weight", get(f"{hf_prefix}shared_experts.{name}.weight")
+
+
+def _place(slot: torch.Tensor, tensor: torch.Tensor, key: str) -> None:
+    # copy_ would broadcast a tensor of the wrong shape silently; the experts of a layer must all agree.
+    if slot.shape != tensor.shape:
+        raise ValueError(f"{key} has shape {list(tensor.shape)}, but expert 0 implies {list(slot.shape)}")
+    slot.copy_(tensor)
 
 
 def moe_state_to_hf(state: dict[str, torch.Tensor], hf_prefix: str, config: MoEConfig) -> dict[str, torch.Tensor]:

@@ -22,8 +22,22 @@ _CPU_PIECE_ROWS = 4096
 
 
 def _pieces(rows: int, device: torch.device, piece_rows: int = _CPU_PIECE_ROWS) -> list[tuple[int, int]]:
-    step = piece_rows if device.type == "cpu" else max(rows, 1)
+    # Under torch.compile one piece: inductor fuses the elementwise work without temporaries anyway, and a
+    # Python loop over pieces would only unroll into a larger graph.
+    piecewise = device.type == "cpu" and not torch.compiler.is_compiling()
+    step = piece_rows if piecewise else max(rows, 1)
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def _mul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """out = a * b, written in place; `out` may be a column slice (not contiguous)."""
+    if torch.compiler.is_compiling():
+        # Dynamo refuses an `out=` that is not contiguous (a graph break); a copy into the view is the same
+        # values, and inductor fuses the product and the copy into one kernel.
+        out.copy_(a * b)
+    else:
+        # Eager: the product is written straight into the slice, with no temporary.
+        torch.mul(a, b, out=out)
 
 
 def sum_slots(
@@ -104,10 +118,10 @@ class WeightedSwiGLU(torch.autograd.Function):
             sig = torch.sigmoid(gate)
             silu = gate * sig
             grad_weighted = grad * weight_S1[a:b]
-            torch.mul(grad_weighted, silu, out=grad_gate_up_S2F[a:b, f:])
+            _mul_into(grad_gate_up_S2F[a:b, f:], grad_weighted, silu)
             # d silu(g)/dg = sig * (1 + g * (1 - sig)), built in place in one buffer.
             dsilu = torch.rsub(sig, 1.0).mul_(gate).add_(1.0).mul_(sig)
-            torch.mul(dsilu.mul_(up), grad_weighted, out=grad_gate_up_S2F[a:b, :f])
+            _mul_into(grad_gate_up_S2F[a:b, :f], dsilu.mul_(up), grad_weighted)
             if grad_weight_S1 is not None:
                 torch.sum(silu.mul_(up).mul_(grad), dim=-1, keepdim=True, out=grad_weight_S1[a:b])
         return grad_gate_up_S2F, grad_weight_S1

@@ -51,8 +51,14 @@ class Router(nn.Module):
         kept = self.e_score_correction_bias
         super()._apply(fn, recurse)  # type: ignore[no-untyped-call]  # nn.Module._apply is untyped
         moved = self.e_score_correction_bias
-        if kept is not None and moved is not None and moved.dtype != torch.float32 and not kept.is_meta:
-            self.e_score_correction_bias = kept.to(device=moved.device)
+        if kept is None or moved is None or moved.dtype == torch.float32:
+            return self
+        if kept.is_meta or moved.is_meta:
+            # No values to keep (a model built on the meta device, or moved there): keep the dtype, so that
+            # meta -> .to(bf16) -> to_empty still allocates the bias in fp32.
+            self.e_score_correction_bias = torch.empty_like(moved, dtype=torch.float32)
+        else:
+            self.e_score_correction_bias = kept.to(device=moved.device)  # exact values, not rounded through bf16
         return self
 
     def forward(self, x: torch.Tensor) -> Routing:
