@@ -1,26 +1,310 @@
 #!/usr/bin/env bash
-# The checks that need an NVIDIA GPU, as ONE script for a lent GPU machine (its python3 has its own CUDA torch).
-# Here, first:   bash tools/gpu_wheels.sh        (packages that machine lacks, as wheels in .whl/)
-# Then, through the device tool:  bash tools/gpu_check.sh   with carry [".whl"]
-# Prints each check and ends with one JSON line per part; exits non-zero when a check fails.
+# Every check that needs an NVIDIA GPU, as ONE script for a lent single-GPU machine (H200 here), in under 8 minutes.
+#
+# That machine has no network and its own python3 (3.12) with a CUDA torch 2.11, transformers, pytest,
+# pytest-xdist, hypothesis, safetensors, tokenizers, jinja2, click, rich, numpy and matplotlib
+# (/work/.library/device/KINDS.md). What it lacks travels as wheels in .whl/ (ignored by git), prepared HERE first:
+#
+#     bash tools/gpu_check.sh --prepare-wheels     # pip download of the wheels below, for CPython 3.12 x86-64
+#
+# then, through the device tool, with carry [".whl"]:   bash tools/gpu_check.sh
+# On this CPU machine:   bash tools/gpu_check.sh --dry-run   runs the same steps small, on the CPU, with .venv's
+# python and no time limits (minutes on a loaded 2-core machine): it checks the script, not the GPU.
+#
+# Steps, each under its own time limit (the whole within 8 minutes):
+#  1. install (75 s): the wheels, then the workspace packages the checks import (deeptrace, xtrain) with
+#     `pip install --no-deps --no-index --no-build-isolation -e` (hatchling, their build backend, is one of the
+#     wheels); if the interpreter's environment is not writable, the wheels go to /tmp/site and the packages'
+#     src/ folders on PYTHONPATH instead (said in the output).
+#  2. CUDA tests (200 s): the project has no `cuda` pytest marker (pyproject.toml declares slow, slurm, postgres,
+#     multiprocess): its CUDA-only tests sit behind torch.cuda.is_available() (the flash_attn and torch_varlen
+#     attention backends in tests/engine/test_attention.py), so the whole of tests/engine runs with the GPU
+#     visible; every CUDA test then runs, and the rest proves the same code on that machine's torch.
+#  3. GPU against CPU (with step 4, 180 s): the `debug` model in bf16 on the GPU against the same weights in fp32
+#     on the CPU, the MoE block's grouped-matmul path likewise (relative error < 3e-2), and xtop's NVML sampling.
+#  4. training: a Qwen3-30B-A3B-shaped model cut to GPU_CHECK_LAYERS decoder layers (default 6: 4.4 B
+#     parameters, ~70 GB of fp32 weights, gradients and AdamW state), trained by xtrain on one GPU (FSDP2 over a
+#     one-rank mesh, bf16 compute, chunked loss, fused AdamW) on packs of 8,192 and 32,768 tokens (documents of
+#     mean length 2,048); per pack size: tokens/s (median of the timed steps), MFU, peak allocated memory, the
+#     attention backend and the grouped-matmul implementation used.
+# Ends with one JSON line of everything; exits non-zero when a test or check failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-status=0
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="packages/engine/src:packages/deeptrace/src:packages/clusterx/src:apps/tui/src:.${PYTHONPATH:+:$PYTHONPATH}"
+
+WHEEL_DIR=.whl
+# The versions of uv.lock for what the workspace imports (pydantic and its compiled core must match), and the
+# build backend for the editable installs (hatchling; tomlkit, trove-classifiers and editables are its needs that
+# the image lacks; packaging, pathspec and pluggy are there).
+LOCKED_WHEELS=(pydantic pydantic-core annotated-types typing-inspection orjson)
+BUILD_WHEELS=(hatchling==1.33.0 tomlkit==0.14.0 trove-classifiers==2026.9.21.13 editables==0.6)
+
+prepare_wheels() {
+    grep -qx "/.whl/" .gitignore .git/info/exclude 2>/dev/null || echo "/.whl/" >>.git/info/exclude
+    local specs=("${BUILD_WHEELS[@]}") name version
+    for name in "${LOCKED_WHEELS[@]}"; do
+        version=$(grep -A1 "^name = \"$name\"$" uv.lock | sed -n 's/version = "\(.*\)"/\1/p')
+        specs+=("$name==$version")
+    done
+    rm -rf "$WHEEL_DIR"
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d "$WHEEL_DIR" "${specs[@]}"
+    ls "$WHEEL_DIR"
+}
+
+case "${1:-}" in
+    --prepare-wheels) prepare_wheels; exit ;;
+    --dry-run) DRY_RUN=1 ;;
+    "") DRY_RUN=0 ;;
+    *) echo "usage: bash tools/gpu_check.sh [--prepare-wheels | --dry-run]" >&2; exit 2 ;;
+esac
+
 export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || status=1
-python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+WORK=$(mktemp -d /tmp/gpu-check.XXXXXX)
+status=0
+if ((DRY_RUN)); then
+    PY=.venv/bin/python
+    TEST_ARGS=(tests/engine/test_attention.py)
+else
+    PY=python3
+    TEST_ARGS=(-n 8 tests/engine)
+    echo "== 1. install"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || status=1
+    compgen -G "$WHEEL_DIR/*.whl" >/dev/null || echo "no wheels in $WHEEL_DIR/: run --prepare-wheels here first"
+    if timeout 30 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "$WHEEL_DIR"/*.whl &&
+        timeout 45 $PY -m pip install -q --no-index --no-deps --no-build-isolation \
+            -e packages/deeptrace -e packages/engine; then
+        echo "installed: wheels and editable deeptrace, xtrain into $($PY -c 'import sys; print(sys.prefix)')"
+    else
+        echo "editable install failed: wheels into /tmp/site, packages from their src/ folders on PYTHONPATH"
+        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            "$WHEEL_DIR"/*.whl || status=1
+        export PYTHONPATH="packages/engine/src:packages/deeptrace/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+fi
+$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'device',
+torch.cuda.get_device_name() if torch.cuda.is_available() else None)"
 
-echo "== GPU paths against the CPU fp32 reference"
-timeout 300 python3 tools/gpu_check.py || status=1
+echo "== 2. tests (${TEST_ARGS[*]}) with CUDA visible"
+timeout $((DRY_RUN ? 900 : 200)) $PY -m pytest -q -p no:cacheprovider -rs --junitxml "$WORK/tests.xml" "${TEST_ARGS[@]}" 2>&1 |
+    tail -n 40 || status=1
 
-echo "== attention tests (the CUDA backends run here; they are skipped on CPU machines)"
-timeout 300 python3 -m pytest -q -p no:cacheprovider tests/engine/test_attention.py || status=1
+echo "== 3-4. GPU against CPU, then training throughput"
+timeout $((DRY_RUN ? 900 : 180)) $PY - "$WORK" "$DRY_RUN" <<'PY' || status=1
+"""Steps 3 and 4 of tools/gpu_check.sh; writes WORK/figures.json."""
 
-echo "== MoE block benchmark on CUDA"
-timeout 300 python3 tools/bench/moe_block.py --device cuda --dtypes bfloat16 || status=1
-exit $status
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+work, dry_run = Path(sys.argv[1]), sys.argv[2] == "1"
+device = torch.device("cpu" if dry_run else "cuda")
+dtype = torch.float32 if dry_run else torch.bfloat16
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float().cpu() - want).norm() / want.norm())
+
+
+def model_against_cpu() -> dict[str, Any]:
+    """The debug model on the device against the same weights in fp32 on the CPU (the parity-tested path)."""
+    from xtrain.model.sizes import model_config
+    from xtrain.model.transformer import Transformer
+
+    torch.manual_seed(0)
+    reference_model = Transformer(model_config("debug"))
+    reference_model.init_weights()
+    model = Transformer(model_config("debug"))
+    model.load_state_dict(reference_model.state_dict())
+    model = model.to(device, dtype)
+    lengths = [300, 17, 450, 257]
+    ids = torch.randint(0, model.config.vocab_size, (1, sum(lengths)))
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    with torch.no_grad():
+        reference = reference_model(ids, cu_seqlens)
+        got = model(ids.to(device), cu_seqlens.to(device))
+    error = relative_error(got, reference)
+    return {"attention_backend": model.attention_backend, "relative_error": error, "ok": error < 3e-2}
+
+
+def moe_block_against_cpu() -> dict[str, Any]:
+    """The MoE block (grouped matmul on the device) against the same weights in fp32 on the CPU."""
+    from xtrain.model.moe import MoEBlock, MoEConfig
+
+    config = MoEConfig(num_experts=64, num_experts_per_tok=8, moe_intermediate_size=256, norm_topk_prob=True)
+    torch.manual_seed(0)
+    reference_block = MoEBlock(1024, config)
+    reference_block.init_weights()
+    block = MoEBlock(1024, config)
+    block.load_state_dict(reference_block.state_dict())
+    block = block.to(device, dtype)
+    x = torch.randn(4096, 1024)
+    with torch.no_grad():
+        reference, _ = reference_block(x)
+        got, _ = block(x.to(device, dtype))
+    error = relative_error(got, reference)
+    impl = block.experts.impl_for(x.to(device, dtype))
+    return {"experts_impl": impl, "relative_error": error, "ok": error < 3e-2 and impl == "grouped_mm"}
+
+
+def document_lengths(pack_tokens: int, mean: int, generator: torch.Generator) -> list[int]:
+    lengths: list[int] = []
+    while sum(lengths) < pack_tokens:
+        lengths.append(max(16, int(-mean * math.log(1.0 - float(torch.rand((), generator=generator))))))
+    lengths[-1] -= sum(lengths) - pack_tokens
+    return [n for n in lengths if n > 0]
+
+
+def train_throughput() -> dict[str, Any]:
+    """xtrain's training step on one device at two pack sizes: tokens/s, MFU, peak memory, backends."""
+    from xtrain.config import OptimSection
+    from xtrain.loss import auto_chunk_tokens
+    from xtrain.model.documents import PackedDocuments
+    from xtrain.model.flops import training_flops_per_token
+    from xtrain.model.sizes import model_config
+    from xtrain.model.transformer import Transformer
+    from xtrain.parallel.distributed import close_distributed, init_distributed
+    from xtrain.parallel.fsdp import apply_fsdp
+    from xtrain.parallel.materialize import materialize
+    from xtrain.parallel.mesh import data_parallel_mesh
+    from xtrain.train.metrics import device_peak_flops, mfu
+    from xtrain.train.optimizer import build_optimizer
+    from xtrain.train.step import GlobalBatch, LossSettings, MicroBatch, train_step
+
+    if dry_run:  # the plumbing only: the debug model, small packs
+        config, packs, steps = model_config("debug"), [512, 1024], (1, 2)
+    else:
+        layers = int(os.environ.get("GPU_CHECK_LAYERS", "6"))
+        config = model_config("qwen3-30b-a3b").model_copy(update={"num_layers": layers})
+        packs, steps = [8192, 32768], (2, 4)
+    init_distributed(device.type)  # a one-rank process group: FSDP2 needs a mesh
+    with torch.device("meta"):
+        model = Transformer(config)
+    apply_fsdp(model, data_parallel_mesh(device.type, 1, 1), param_dtype=dtype)
+    materialize(model, device, seed=0)
+    optimizer = build_optimizer(model, OptimSection(lr=1e-4), device)
+    settings = LossSettings(
+        chunk_tokens=auto_chunk_tokens(config.vocab_size, dtype, device=device),
+        aux_loss_coef=0.001,
+        z_loss_coef=0.0,
+        max_grad_norm=1.0,
+    )
+    moe_layer = next(layer.moe for layer in model.layers if getattr(layer, "moe", None) is not None)
+    probe = torch.zeros(8, config.hidden_size, device=device, dtype=dtype)
+    figures: dict[str, Any] = {
+        "model": f"qwen3-30b-a3b shape, {config.num_layers} layers" if not dry_run else "debug",
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "attention_backend": model.attention_backend,
+        "grouped_mm_backend": moe_layer.experts.impl_for(probe),
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+    }
+    peak = device_peak_flops(device, dtype)
+    generator = torch.Generator().manual_seed(0)
+    for pack_tokens in packs:
+        lengths = document_lengths(pack_tokens, 2048, generator)
+        batch = MicroBatch(
+            input_ids=torch.randint(0, config.vocab_size, (1, pack_tokens), generator=generator).to(device),
+            labels=torch.randint(0, config.vocab_size, (pack_tokens,), generator=generator).to(device),
+            documents=PackedDocuments.from_lengths(lengths, device),
+        )
+        global_batch = GlobalBatch(target_tokens=pack_tokens, routed_tokens=pack_tokens)
+        warmup, timed = steps
+        try:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            times = []
+            for index in range(warmup + timed):
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                started = time.perf_counter()
+                train_step(model, optimizer, [batch], global_batch, settings, dp_size=1)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                if index >= warmup:
+                    times.append(time.perf_counter() - started)
+        except torch.OutOfMemoryError as error:
+            figures[str(pack_tokens)] = {"error": f"out of memory: {str(error)[:200]}"}
+            torch.cuda.empty_cache()
+            continue
+        step_s = statistics.median(times)
+        tokens_per_s = pack_tokens / step_s
+        utilisation = mfu(training_flops_per_token(config, lengths), tokens_per_s, peak)
+        figures[str(pack_tokens)] = {
+            "tokens_per_s": round(tokens_per_s, 1),
+            "step_s": round(step_s, 4),
+            "step_s_min_max": [round(min(times), 4), round(max(times), 4)],
+            "mfu": None if utilisation is None else round(utilisation, 4),
+            "peak_allocated_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+            if device.type == "cuda"
+            else None,
+            "documents": len(lengths),
+        }
+        print(pack_tokens, figures[str(pack_tokens)], flush=True)
+    close_distributed()
+    return figures
+
+
+def nvml() -> dict[str, Any]:
+    """xtop's GPU sampling through NVML sees the GPU (none is expected in the dry run)."""
+    sys.path.append("apps/tui/src")  # xtop is not installed here: its resources module needs only psutil, pynvml
+    from xtop.resources import sample_gpus
+
+    gpus, note = sample_gpus()
+    return {"gpus": [gpu.name for gpu in gpus], "note": note, "ok": bool(gpus) or dry_run}
+
+
+parts = [
+    ("gpu_vs_cpu_model", model_against_cpu),
+    ("gpu_vs_cpu_moe_block", moe_block_against_cpu),
+    ("nvml", nvml),
+    ("train", train_throughput),
+]
+results: dict[str, Any] = {}
+for name, part in parts:
+    started = time.perf_counter()
+    try:
+        results[name] = part()
+    except Exception as error:  # report every part, even when one breaks
+        traceback.print_exc()
+        results[name] = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+    results[name]["seconds"] = round(time.perf_counter() - started, 1)
+    print(name, results[name], flush=True)
+    (work / "figures.json").write_text(json.dumps(results))  # after each part: a timeout keeps what was done
+PY
+
+echo "== summary"
+$PY - "$WORK" "$status" "$SECONDS" <<'PY'
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+work, status, seconds = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+summary = {}
+try:
+    suite = ET.parse(work / "tests.xml").getroot()
+    suite = suite if suite.tag == "testsuite" else suite[0]
+    summary["tests"] = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+except (OSError, ET.ParseError, IndexError) as error:
+    summary["tests"] = {"error": f"no test report: {error}"}
+figures_path = work / "figures.json"
+figures = json.loads(figures_path.read_text()) if figures_path.exists() else {}
+summary.update(figures)
+if "train" not in figures:
+    summary["error"] = "steps 3-4 did not finish (time limit or crash): see the output above"
+tests_ok = summary["tests"].get("failures") == 0 and summary["tests"].get("errors") == 0
+checks_ok = all(figures.get(k, {}).get("ok") for k in ("gpu_vs_cpu_model", "gpu_vs_cpu_moe_block", "nvml"))
+train_ok = "error" not in figures.get("train", {"error": "missing"})
+summary["all_ok"] = status == 0 and tests_ok and checks_ok and train_ok
+summary["elapsed_s"] = seconds
+print(json.dumps(summary))
+sys.exit(0 if summary["all_ok"] else 1)
+PY
