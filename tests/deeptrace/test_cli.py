@@ -116,16 +116,14 @@ def test_help_does_not_import_numpy_or_matplotlib() -> None:
 
 
 def test_terminal_report_stays_short_with_many_ranks(straggler_dir: Path) -> None:
-    import copy
-
     from deeptrace.analysis.run import analyse_run
     from deeptrace.report.schema import build_report
     from deeptrace.report.terminal import render_terminal
     from rich.console import Console
 
     report = build_report(analyse_run(straggler_dir, jobs=1))
-    one = report["ranks"]["1"]
-    report["ranks"] = {str(r): copy.deepcopy(one) for r in range(100)}
+    one = report.ranks["1"]
+    report = report.model_copy(update={"ranks": {str(r): one for r in range(100)}})
     console = Console(record=True, width=120)
     render_terminal(report, console)
     text = console.export_text()

@@ -26,7 +26,7 @@ def test_planted_slow_rank_is_the_culprit_and_others_wait(tmp_path: Path) -> Non
     assert sorted(w["rank"] for w in verdict["waiting_ranks"]) == [0, 1, 3]
     assert all(w["waited_ms"] == pytest.approx(12 * 5.0) for w in verdict["waiting_ranks"])
     assert all(o == 0 for o in a.offsets_ns.values())
-    per_collective = build_report(a)["collectives"]["per_collective"]
+    per_collective = build_report(a).to_json()["collectives"]["per_collective"]
     assert len(per_collective) == 12
     assert all(c["last_rank"] == 2 and c["skew_ms"] == pytest.approx(5.0) for c in per_collective)
     assert [c["seq"] for c in per_collective] == list(range(12))

@@ -8,6 +8,7 @@ from clusterx import Client
 from clusterx.backends.fake import write_fake_state
 from clusterx.spec import JobSpec
 from deeptrace.collect import Collector
+from deeptrace.report.model import load_report
 from deeptrace.rundir import RunWriter, layout
 from xtop.resources import sample_resources
 from xtop.sources import JobSource, RunSource, summarize_report
@@ -58,22 +59,67 @@ def test_run_source_reports_rank_liveness_from_heartbeats(tmp_path: Path) -> Non
     assert snap.ranks[0].seconds_since_progress >= 119
 
 
+def _rank(overlap: float | None, exposed: float | None) -> dict[str, object]:
+    parts = ("window_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "memory_ms", "other_ms", "idle_ms")
+    window = dict.fromkeys(parts, 1.0)
+    return {
+        "source": "collector", "path": "trace/rank-0.dtr", "timing": "spans", "timing_note": None,
+        "overlap_pct": overlap, "exposed_comm_ms_per_step": exposed, "breakdown": window, "steps": [],
+        "kernels": {}, "unclassified_kernels": {}, "clock_offset_ms": 0.0,
+        "collectives": {"count": 0, "matched": 0, "arrived_last": 0, "last_arrival_share": None,
+                        "caused_wait_ms": 0.0, "waited_ms": 0.0},
+    }  # fmt: skip
+
+
+def _report(**changes: object) -> dict[str, object]:
+    """A complete report.json object of schema version 1 (what `deeptrace analyze` writes)."""
+    report: dict[str, object] = {
+        "schema": "deeptrace.report", "schema_version": 1, "deeptrace_version": "0.1.0",
+        "created": "2026-12-01T00:00:00Z", "run_dir": "run", "inputs": [],
+        "earlier_attempts": [{"rank": 1, "attempt": 1, "path": "trace/rank-1.attempt-1.dtr"}],
+        "ranks": {"0": _rank(80.0, 1.5), "1": _rank(None, None)},
+        "collectives": {"matched": 0, "matched_by": {"seq": 0, "order": 0},
+                        "skew_ms": {"median": None, "p95": None, "max": None}, "per_collective": [],
+                        "per_collective_truncated": False, "worst": []},
+        "clock": {"applied": True, "reference_rank": 0, "method": "m", "offsets_ms": {}},
+        "stragglers": {"verdict": "straggler", "explanation": "rank 1 arrives last", "matched_collectives": 9,
+                       "waiting_ranks": [], "culprits": [{"rank": 1, "last_arrival_share": 0.9, "arrived_last": 8,
+                       "collectives": 9, "mean_lateness_ms": 2.0, "caused_wait_ms": 9.0, "steps_recurring": 3,
+                       "steps_total": 3, "evidence": "e"}]},
+        "hang": None,
+        "warnings": ["rank 1: no communication kernel"],
+    }  # fmt: skip
+    report.update(changes)
+    return report
+
+
 def test_run_source_shows_deeptrace_findings(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     (run_dir / layout.REPORT_DIR).mkdir(parents=True)
-    report = {
-        "ranks": {"0": {"overlap_pct": 80.0, "exposed_comm_ms_per_step": 1.5}, "1": {"overlap_pct": None}},
-        "stragglers": {"verdict": "straggler", "culprits": [{"rank": 1}], "explanation": "rank 1 arrives last"},
-        "hang": None,
-        "warnings": ["rank 1: no communication kernel"],
-    }
+    report = _report()
     (run_dir / layout.REPORT_DIR / "report.json").write_bytes(orjson.dumps(report))
     findings = RunSource(run_dir).poll().findings
-    assert findings == summarize_report(report)
+    assert findings == summarize_report(load_report(report))
     assert "rank 0: overlap 80.0%, exposed comm 1.50 ms/step" in findings
     assert "rank 1: overlap n/a, exposed comm n/a" in findings
     assert any(line.startswith("straggler: rank 1") for line in findings)
+    assert "rank 1: earlier attempt 1 set aside (not analysed)" in findings
     assert "warning: rank 1: no communication kernel" in findings
+
+
+def test_run_source_names_a_report_of_a_newer_schema_instead_of_misreading_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / layout.REPORT_DIR).mkdir(parents=True)
+    path = run_dir / layout.REPORT_DIR / "report.json"
+    path.write_bytes(orjson.dumps(_report(schema_version=2)))
+    snap = RunSource(run_dir).poll()
+    assert snap.findings == []
+    assert snap.problems == [
+        f"{path}: report schema version 2 is newer than this deeptrace reads (1): upgrade deeptrace"
+    ]
+    path.write_bytes(orjson.dumps(_report(ranks={"0": {"overlap_pct": "high"}})))
+    problem = RunSource(run_dir).poll().problems[0]
+    assert problem.startswith(f"{path}: field ranks.0.")
 
 
 def test_job_source_lists_newest_jobs_with_their_state(tmp_path: Path) -> None:

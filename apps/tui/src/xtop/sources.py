@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 from clusterx import Client
 from deeptrace.errors import TraceInputError
+from deeptrace.report.model import Report, ReportError, load_report
 from deeptrace.rundir import JsonlFollower, layout, read_heartbeats
 
 
@@ -103,29 +103,31 @@ class RunSource:
         if stamp != self._report_stamp:
             self._report_stamp, self._report_lines, self._report_problem = stamp, [], None
             try:
-                self._report_lines = summarize_report(orjson.loads(report_path.read_bytes()))
-            except orjson.JSONDecodeError as error:
-                self._report_problem = f"{report_path}: invalid JSON ({error})"
+                self._report_lines = summarize_report(load_report(report_path.read_bytes(), report_path))
+            except ReportError as error:  # invalid JSON, another schema version, a field of the wrong type
+                self._report_problem = str(error)
         if self._report_problem is not None:
             problems.append(self._report_problem)
         return self._report_lines
 
 
-def summarize_report(report: dict[str, Any]) -> list[str]:
+def summarize_report(report: Report) -> list[str]:
     """A few lines of what deeptrace found: overlap and exposed communication per rank, stragglers, hang."""
     lines: list[str] = []
-    for rank, entry in sorted(report.get("ranks", {}).items(), key=lambda item: int(item[0])):
-        overlap = entry.get("overlap_pct")
-        exposed = entry.get("exposed_comm_ms_per_step")
+    for rank, entry in report.ranks_sorted():
+        overlap, exposed = entry.overlap_pct, entry.exposed_comm_ms_per_step
         overlap_text = "n/a" if overlap is None else f"{overlap:.1f}%"
         exposed_text = "n/a" if exposed is None else f"{exposed:.2f} ms/step"
         lines.append(f"rank {rank}: overlap {overlap_text}, exposed comm {exposed_text}")
-    stragglers = report.get("stragglers")
-    if isinstance(stragglers, dict) and stragglers.get("verdict") == "straggler":
-        ranks = ", ".join(str(c.get("rank")) for c in stragglers.get("culprits", []))
-        lines.append(f"straggler: rank {ranks} ({stragglers.get('explanation', '')})")
-    hang = report.get("hang")
-    if hang:
-        lines.append(f"hang: {hang.get('summary', hang)}")
-    lines.extend(f"warning: {w}" for w in report.get("warnings", [])[:5])
+    stragglers = report.stragglers
+    if stragglers.verdict == "straggler":
+        ranks = ", ".join(str(c.rank) for c in stragglers.culprits)
+        lines.append(f"straggler: rank {ranks} ({stragglers.explanation})")
+    if report.hang is not None:
+        lines.append(f"hang: {report.hang.summary}")
+        if report.hang.watch is not None:
+            lines += [f"hang: rank {c.rank} waits at {c.where}" for c in report.hang.watch.culprits]
+    for earlier in report.earlier_attempts:
+        lines.append(f"rank {earlier.rank}: earlier attempt {earlier.attempt} set aside (not analysed)")
+    lines.extend(f"warning: {w}" for w in report.warnings[:5])
     return lines

@@ -81,7 +81,7 @@ def analyze(
         )
     except NoInputError as err:
         _fail(str(err))
-    if not analysis.ranks and analysis.hang is None:
+    if not analysis.ranks and analysis.hang is None and analysis.flight_recorder is None:
         _fail(f"{run_dir}: no trace could be analysed (see the warnings above)")
     report = build_report(analysis)
     assert folder is not None  # run_dir was a directory, or analyse_run raised NoInputError
@@ -105,3 +105,64 @@ def analyze(
         click.echo(f"deeptrace: --fail-on {reason}", err=True)
     if met:
         sys.exit(EXIT_RULE_MET)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--threshold", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
+              metavar="S", help="A rank without progress this long is stuck.")  # fmt: skip
+@click.option("--interval", type=click.FloatRange(min=0.05), default=2.0, show_default=True, metavar="S",
+              help="Seconds between looks at the heartbeats and traces.")  # fmt: skip
+@click.option("--once", is_flag=True, help="Judge once and exit: 0 healthy, 3 slow, 4 hung (2: a usage error).")
+@click.option("--on-hang", "on_hang", default=None, metavar="CMD",
+              help="On a hang, run CMD with the verdict file's path as its last argument.")  # fmt: skip
+@click.option("--webhook", default=None, metavar="URL", help="On a hang, POST the verdict as JSON to URL.")
+@click.option("--node", is_flag=True,
+              help="Be the per-node helper: answer stack requests for this host's ranks.")  # fmt: skip
+@click.option("--snapshots", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Stack snapshots of each rank on a hang.")  # fmt: skip
+@click.option("--snapshot-gap", "snapshot_gap", type=click.FloatRange(min=0), default=2.0, show_default=True,
+              metavar="S", help="Seconds between stack snapshots.")  # fmt: skip
+@click.option("--stack-method", "stack_method", type=click.Choice(["auto", "py-spy", "signal"]), default="auto",
+              show_default=True, help="py-spy (ptrace), signal (the Collector's in-process dump), auto: py-spy, "
+              "then the signal where ptrace is refused.")  # fmt: skip
+def watch(
+    *,
+    run_dir: Path,
+    threshold: float,
+    interval: float,
+    once: bool,
+    on_hang: str | None,
+    webhook: str | None,
+    node: bool,
+    snapshots: int,
+    snapshot_gap: float,
+    stack_method: str,
+) -> None:
+    """Watch a live run: each rank progressing, slow or stuck; on a hang, every rank's stacks and the culprit.
+
+    Writes RUN_DIR/deeptrace/hang-TIME/ (stacks per rank, verdict.json) for each hang (docs/deeptrace.md).
+    """
+    from rich.console import Console  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+
+    from deeptrace.watch.capture import CaptureConfig  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+    from deeptrace.watch.cli import run_node_helper, run_watch  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+    from deeptrace.watch.session import WatchConfig  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+    from deeptrace.watch.stacks import METHODS  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+
+    if not run_dir.is_dir():
+        _fail(f"{run_dir}: no such directory (give the run directory of a live run)")
+    if webhook is not None and not webhook.startswith(("http://", "https://")):
+        _fail(f"--webhook {webhook}: not an http:// or https:// URL")
+    method = next(m for m in METHODS if m == stack_method)
+    err = Console(stderr=True)
+    if node:
+        sys.exit(run_node_helper(run_dir, err))
+    config = WatchConfig(
+        threshold_s=threshold,
+        interval_s=interval,
+        capture=CaptureConfig(snapshots=snapshots, gap_s=snapshot_gap, method=method),
+        on_hang=on_hang,
+        webhook=webhook,
+    )
+    sys.exit(run_watch(run_dir, config, once=once, console=Console(), err=err))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from deeptrace.errors import TraceInputError
 from deeptrace.rundir import layout
 from deeptrace.rundir.readers import read_heartbeats, read_meta
 from deeptrace.rundir.records import Heartbeat
+from deeptrace.rundir.writer import host_name
 
 RankStatus = Literal["progressing", "stalled", "gone", "crashed", "closed", "missing", "unreadable"]
 STOPPED: tuple[RankStatus, ...] = ("stalled", "gone", "crashed")
@@ -244,7 +244,7 @@ def _rank_state(hb: Heartbeat, now: float, stall_after_s: float) -> RankHangStat
 
 def _process_alive(hb: Heartbeat) -> bool:
     """Whether the heartbeat's process still exists; True when that cannot be known from here (another host)."""
-    if hb.host != socket.gethostname():
+    if hb.host != host_name():
         return True
     try:
         os.kill(hb.pid, 0)

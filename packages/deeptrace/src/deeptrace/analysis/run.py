@@ -19,12 +19,14 @@ from typing import Any
 
 from deeptrace.analysis.clock import estimate_offsets
 from deeptrace.analysis.collectives import CollectiveLog, SkewResult, match_collectives, measure_skew
+from deeptrace.analysis.flight_recorder import analyse_flight_recorder
 from deeptrace.analysis.inputs import Inputs, discover_inputs
 from deeptrace.analysis.rank import RankJob, RankResult, analyse_rank
 from deeptrace.analysis.stragglers import StragglerConfig, straggler_verdict
 from deeptrace.classify import ClassifyConfig
 from deeptrace.errors import TraceInputError
 from deeptrace.rundir import layout, read_meta
+from deeptrace.rundir.jsonio import read_json_object
 from deeptrace.spans import Category
 
 
@@ -43,6 +45,7 @@ class RunAnalysis:
     hang: dict[str, Any] | None
     input_status: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
+    flight_recorder: dict[str, Any] | None = None  # the Flight Recorder dumps' first disagreement
 
 
 def _run_job(job: RankJob) -> RankResult | str:
@@ -150,7 +153,9 @@ def analyse_run(
         note("collectives of different ranks could not be matched (no shared process group and sequence numbers)")
     stragglers = straggler_verdict(skew, straggler_config)
     hang = _hang(inputs, note, stall_after_s)
+    flight = analyse_flight_recorder(inputs.run_dir, note) if inputs.is_run_dir else None
     return RunAnalysis(
+        flight_recorder=flight,
         inputs=inputs,
         ranks=ranks,
         collector_ranks=collector,
@@ -216,4 +221,32 @@ def _hang(inputs: Inputs, note: Callable[[str], None], stall_after_s: float | No
     except (TraceInputError, ValueError) as err:
         note(f"hang diagnosis skipped: {err}")
         return None
-    return None if report is None else dict(report.to_dict())
+    watched = _latest_watch_verdict(inputs.run_dir, note)
+    if report is None:
+        return None
+    found = dict(report.to_dict())
+    found["watch"] = watched
+    return found
+
+
+def _latest_watch_verdict(run_dir: Path, note: Callable[[str], None]) -> dict[str, Any] | None:
+    """The newest verdict of `deeptrace watch` (RUN_DIR/deeptrace/hang-*/verdict.json): its culprits and where."""
+    folders = layout.hang_dirs(run_dir)
+    if not folders:
+        return None
+    path = folders[-1] / layout.VERDICT_FILE
+    try:
+        verdict = read_json_object(path)
+    except TraceInputError as err:
+        note(f"watch verdict skipped: {err}")
+        return None
+    return {
+        "path": str(path),
+        "created": verdict.get("created"),
+        "summary": verdict.get("summary"),
+        "culprit_ranks": verdict.get("culprit_ranks", []),
+        "culprits": [
+            {k: c.get(k) for k in ("rank", "where", "function", "evidence")} for c in verdict.get("culprits", [])
+        ],
+        "hangs_recorded": len(folders),
+    }

@@ -37,6 +37,8 @@ from deeptrace.collect.contexts import (
     unknown_category,
 )
 from deeptrace.collect.heartbeat import GroupMarks, HeartbeatWriter, LiveHeartbeat
+from deeptrace.collect.phase import PhaseContext, phase_category
+from deeptrace.collect.stackdump import DEFAULT_STACK_SIGNAL, StackDump
 from deeptrace.collect.trace_writer import BufferItem, TraceFileWriter
 from deeptrace.rundir import layout
 from deeptrace.rundir.jsonio import dumps, write_atomically
@@ -69,6 +71,9 @@ class Collector:
             None: no thread, the heartbeat is written at start, at close and by `write_heartbeat()`.
         buffer_spans: spans kept in memory before a write even without a step end.
         trace: False keeps heartbeats (for hang diagnosis) but writes no span file.
+        stack_signal: the signal on which the rank dumps every thread's Python stack into RUN_DIR/stacks/rank-R.txt
+            (faulthandler, from the C signal handler, so it works while the training thread is blocked in C code
+            and where the kernel refuses ptrace); `deeptrace watch` sends it. None installs nothing.
 
     Spans nest: a span opened inside another on the same thread goes on the track `<thread>/<depth>` (the
     outermost on `<thread>`, which is `main` for the thread that made the collector), so that spans on one track
@@ -84,6 +89,7 @@ class Collector:
         heartbeat_interval_s: float | None = 1.0,
         buffer_spans: int = 8192,
         trace: bool = True,
+        stack_signal: int | None = DEFAULT_STACK_SIGNAL,
     ) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise RunDirectoryError(f"rank {rank} is not within world size {world_size}: pass 0 <= rank < world_size")
@@ -123,6 +129,9 @@ class Collector:
             self._set_aside_previous_attempt()
             self._writer = TraceFileWriter(layout.trace_path(self.run_dir, rank), rank, world_size)
             self._write_clock()
+        self._live.thread_id = self._main_ident
+        self._stack_dump = StackDump.install(self.run_dir, rank, stack_signal)
+        self._live.stack_signal = None if self._stack_dump is None else self._stack_dump.signal
         self._heartbeat = HeartbeatWriter(self.run_dir, self._live, self.clock, heartbeat_interval_s)
         # A job that ends without close() still gets its buffered spans on disk (the heartbeat stays as it was:
         # nothing here knows whether the run ended well).
@@ -207,6 +216,16 @@ class Collector:
             (name, category, start_ns, end_ns, track, self._step if step is None else step, layer, nbytes, group, seq)
         )
 
+    def phase(self, name: str, category: Category | None = None) -> PhaseContext:
+        """Announce a legitimately long phase: `with collector.phase("checkpoint"): save(...)`.
+
+        While inside, the heartbeat says so (`phase`), and `deeptrace watch` shows the rank in that phase instead
+        of calling it stuck, however long it takes; ranks that wait in a collective for a rank in a phase are not
+        stuck either. The phase is also recorded as a span (category from the name: checkpoint*, data*, eval* ->
+        CHECKPOINT, DATA, OTHER; or `category`). Phases nest; the innermost one is announced.
+        """
+        return PhaseContext(self, name, phase_category(name) if category is None else category)
+
     def step_begin(self, step: int) -> None:
         now = monotonic_ns()
         self._step = step
@@ -269,13 +288,11 @@ class Collector:
         trace = layout.trace_path(self.run_dir, self.rank)
         if not trace.exists():
             return
-        attempt = 1
-        while trace.with_name(f"rank-{self.rank}.attempt-{attempt}{layout.TRACE_SUFFIX}").exists():
-            attempt += 1
-        trace.rename(trace.with_name(f"rank-{self.rank}.attempt-{attempt}{layout.TRACE_SUFFIX}"))
+        attempt = layout.next_attempt(self.run_dir, self.rank)
+        trace.rename(layout.attempt_trace_path(self.run_dir, self.rank, attempt))
         clock = layout.clock_path(self.run_dir, self.rank)
         if clock.exists():
-            clock.rename(clock.with_name(f"rank-{self.rank}.attempt-{attempt}{layout.CLOCK_SUFFIX}"))
+            clock.rename(layout.attempt_clock_path(self.run_dir, self.rank, attempt))
 
     def write_heartbeat(self) -> None:
         """Rewrite the heartbeat file now, from this thread (the daemon thread does it on its own otherwise)."""
@@ -306,6 +323,8 @@ class Collector:
         if error is not None:
             self._live.error = error
         self._heartbeat.stop(final_state)
+        if self._stack_dump is not None:
+            self._stack_dump.uninstall()
 
     def _flush_at_exit(self) -> None:
         if not self._closed and self._writer is not None:

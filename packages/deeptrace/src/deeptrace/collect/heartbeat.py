@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from deeptrace.rundir import layout
 from deeptrace.rundir.jsonio import dumps, write_atomically
-from deeptrace.rundir.records import ClockRef, CollectiveMark, Heartbeat, HeartbeatState, SpanMark
+from deeptrace.rundir.records import ClockRef, CollectiveMark, Heartbeat, HeartbeatState, PhaseMark, SpanMark
 
 
 class OpenSpan(Protocol):
@@ -27,6 +27,13 @@ class OpenSpan(Protocol):
     name: str
     category: str
     step: int | None
+    start_ns: int
+
+
+class OpenPhase(Protocol):
+    """A phase announced with `Collector.phase` and not yet ended."""
+
+    name: str
     start_ns: int
 
 
@@ -71,6 +78,9 @@ class LiveHeartbeat:
     # The collector's buffer (the same list): a span's end is progress, found there rather than stored per span.
     records: list[Any] = field(default_factory=list)
     error: str | None = None
+    phases: list[OpenPhase] = field(default_factory=list)  # announced long phases, outermost first
+    thread_id: int | None = None  # threading.get_ident() of the training thread
+    stack_signal: int | None = None  # the signal of the in-process stack dump, when installed
 
     def latest_progress_ns(self) -> int:
         """The latest event: a step boundary (stored as it happens), the last collective's entry or exit, the
@@ -106,6 +116,7 @@ class LiveHeartbeat:
             return CollectiveMark(name=event.name, group=event.group, seq=event.seq, wall_s=wall_s(at_ns))
 
         innermost = self.open_spans[-1] if self.open_spans else None
+        phase = self.phases[-1] if self.phases else None
         entered, left = self.entered, self.left
         last_event_ns = self.latest_progress_ns()
         return Heartbeat(
@@ -126,6 +137,9 @@ class LiveHeartbeat:
             groups={group: (marks.next_seq - 1, marks.left) for group, marks in list(self.groups.items())},
             error=self.error,
             format_version=layout.FORMAT_VERSION,
+            phase=None if phase is None else PhaseMark(phase.name, wall_s(phase.start_ns)),
+            thread_id=self.thread_id,
+            stack_signal=self.stack_signal,
         )
 
 

@@ -164,12 +164,5 @@ def read_trace(path: Path | str) -> TraceReader:
 
 
 def trace_paths(run_dir: Path | str) -> dict[int, Path]:
-    """The collector trace of every rank that has one, keyed by rank."""
-    found: dict[int, Path] = {}
-    folder = layout.trace_dir(run_dir)
-    if folder.is_dir():
-        for path in folder.glob(f"rank-*{layout.TRACE_SUFFIX}"):
-            rank = layout.rank_of_file(path)
-            if rank is not None and path == layout.trace_path(run_dir, rank):
-                found[rank] = path
-    return dict(sorted(found.items()))
+    """The collector trace of every rank that has one (its current attempt), keyed by rank."""
+    return layout.current_traces(run_dir)

@@ -1,20 +1,21 @@
-"""report.md: the same content as the terminal report, as Markdown tables."""
+"""report.md: the same content as the terminal report, as Markdown tables, from the typed report."""
 
 from __future__ import annotations
 
-from typing import Any
+from deeptrace.report.model import Hang, Report
 
 
 def _f(value: float | None, suffix: str = "") -> str:
     return "—" if value is None else f"{value:,.2f}{suffix}"
 
 
-def render_markdown(report: dict[str, Any], png_name: str | None = None) -> str:
+def render_markdown(report: Report, png_name: str | None = None) -> str:
+    ranks = report.ranks_sorted()
     lines = [
-        f"# deeptrace report: {report['run_dir']}",
+        f"# deeptrace report: {report.run_dir}",
         "",
-        f"Schema {report['schema']} v{report['schema_version']}, deeptrace {report['deeptrace_version']},"
-        f" created {report['created']}.",
+        f"Schema {report.schema_} v{report.schema_version}, deeptrace {report.deeptrace_version},"
+        f" created {report.created}.",
         "",
     ]
     if png_name:
@@ -25,17 +26,20 @@ def render_markdown(report: dict[str, Any], png_name: str | None = None) -> str:
         "| rank | source | overlap | exposed comm / step | compute | comm | exposed comm | memory | idle | window |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for rank, r in report["ranks"].items():
-        b = r["breakdown"]
-        source = r["source"] + (" (CPU)" if r.get("timing") == "cpu" else "")
+    for rank, r in ranks:
+        b = r.breakdown
+        source = r.source + (" (CPU)" if r.timing == "cpu" else "")
         lines.append(
-            f"| {rank} | {source} | {_f(r['overlap_pct'], '%')} | {_f(r['exposed_comm_ms_per_step'])} |"
-            f" {_f(b['compute_ms'])} | {_f(b['comm_ms'])} | {_f(b['exposed_comm_ms'])} | {_f(b['memory_ms'])} |"
-            f" {_f(b['idle_ms'])} | {_f(b['window_ms'])} |"
+            f"| {rank} | {source} | {_f(r.overlap_pct, '%')} | {_f(r.exposed_comm_ms_per_step)} |"
+            f" {_f(b.compute_ms)} | {_f(b.comm_ms)} | {_f(b.exposed_comm_ms)} | {_f(b.memory_ms)} |"
+            f" {_f(b.idle_ms)} | {_f(b.window_ms)} |"
         )
-    notes = [f"- rank {rank}: {r['timing_note']}" for rank, r in report["ranks"].items() if r.get("timing_note")]
+    notes = [f"- rank {rank}: {r.timing_note}" for rank, r in ranks if r.timing_note]
     if notes:
         lines += ["", "How the CPU traces were read:", "", *notes]
+    if report.earlier_attempts:
+        lines += ["", "Earlier attempts of restarted ranks (kept aside, not analysed):", ""]
+        lines += [f"- rank {e.rank}, attempt {e.attempt}: `{e.path}`" for e in report.earlier_attempts]
     lines += [
         "",
         "## Per rank and step (ms)",
@@ -43,34 +47,53 @@ def render_markdown(report: dict[str, Any], png_name: str | None = None) -> str:
         "| rank | step | window | compute | exposed comm | memory | idle | overlap |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for rank, r in report["ranks"].items():
-        for s in r["steps"]:
+    for rank, r in ranks:
+        for s in r.steps:
             lines.append(
-                f"| {rank} | {s['step'] if s['step'] is not None else '—'} | {_f(s['window_ms'])} |"
-                f" {_f(s['compute_ms'])} | {_f(s['exposed_comm_ms'])} | {_f(s['memory_ms'])} | {_f(s['idle_ms'])} |"
-                f" {_f(s['overlap_pct'], '%')} |"
+                f"| {rank} | {s.step if s.step is not None else '—'} | {_f(s.window_ms)} |"
+                f" {_f(s.compute_ms)} | {_f(s.exposed_comm_ms)} | {_f(s.memory_ms)} | {_f(s.idle_ms)} |"
+                f" {_f(s.overlap_pct, '%')} |"
             )
-    coll = report["collectives"]
+    coll = report.collectives
     lines += ["", "## Collectives and stragglers", ""]
-    if coll["matched"]:
-        sk = coll["skew_ms"]
+    if coll.matched:
+        sk = coll.skew_ms
         lines += [
-            f"{coll['matched']} collectives matched; arrival skew median {_f(sk['median'])} ms,"
-            f" p95 {_f(sk['p95'])} ms, max {_f(sk['max'])} ms.",
+            f"{coll.matched} collectives matched; arrival skew median {_f(sk.median)} ms,"
+            f" p95 {_f(sk.p95)} ms, max {_f(sk.max)} ms.",
             "",
             "| rank | matched | arrived last | others waited for it (ms) | it waited (ms) | clock offset (ms) |",
             "|---:|---:|---:|---:|---:|---:|",
         ]
-        for rank, r in report["ranks"].items():
-            c = r["collectives"]
+        for rank, r in ranks:
+            c = r.collectives
             lines.append(
-                f"| {rank} | {c['matched']} | {c['arrived_last']} | {_f(c['caused_wait_ms'])} | {_f(c['waited_ms'])}"
-                f" | {_f(r['clock_offset_ms'])} |"
+                f"| {rank} | {c.matched} | {c.arrived_last} | {_f(c.caused_wait_ms)} | {_f(c.waited_ms)}"
+                f" | {_f(r.clock_offset_ms)} |"
             )
         lines.append("")
-    s = report["stragglers"]
-    lines += [f"**Straggler verdict: {s['verdict']}.** {s['explanation']}", ""]
-    lines += ["## Hang", "", "No hang diagnosed." if report["hang"] is None else f"```\n{report['hang']}\n```", ""]
+    verdict = report.stragglers
+    lines += [f"**Straggler verdict: {verdict.verdict}.** {verdict.explanation}", ""]
+    lines += ["## Hang", "", *(_hang(report.hang)), ""]
+    flight = report.flight_recorder
+    if flight is not None:
+        lines += ["## Flight Recorder", "", flight.summary, ""]
+        if flight.first_disagreement is not None:
+            first = flight.first_disagreement
+            lines += [f"- rank {r}: {what}" for r, what in sorted(first.per_rank.items(), key=lambda kv: int(kv[0]))]
+            lines += [f"- issued at `{first.issued_at}`" if first.issued_at else "", ""]
     lines += ["## Warnings", ""]
-    lines += [f"- {w}" for w in report["warnings"]] or ["None."]
+    lines += [f"- {w}" for w in report.warnings] or ["None."]
     return "\n".join(lines) + "\n"
+
+
+def _hang(hang: Hang | None) -> list[str]:
+    if hang is None:
+        return ["No hang diagnosed."]
+    lines = [hang.summary, "", *(f"- {line}" for line in hang.evidence)]
+    if hang.watch is not None:
+        lines += ["", f"`deeptrace watch` read every rank's stacks (`{hang.watch.path}`):", ""]
+        for culprit in hang.watch.culprits:
+            lines.append(f"- **rank {culprit.rank}** waits at `{culprit.where}` in `{culprit.function}()`")
+            lines += [f"  - {line}" for line in culprit.evidence]
+    return lines

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 import orjson
 
 from deeptrace.analysis.run import RunAnalysis
+from deeptrace.report.model import Report
 from deeptrace.rundir import layout
 
 REPORT_JSON = "report.json"
@@ -43,12 +43,12 @@ def _marked_read_only(folder: Path) -> bool:
     return folder.stat().st_mode & 0o222 == 0 or not os.access(folder, os.W_OK)
 
 
-def report_json_bytes(report: dict[str, Any]) -> bytes:
-    return orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n"
+def report_json_bytes(report: Report) -> bytes:
+    return orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n"
 
 
 def write_outputs(
-    report: dict[str, Any], analysis: RunAnalysis, folder: Path, *, merge: bool, png: bool = True
+    report: Report, analysis: RunAnalysis, folder: Path, *, merge: bool, png: bool = True
 ) -> dict[str, Path]:
     from deeptrace.report.markdown import render_markdown  # noqa: PLC0415  # lazy: keeps --help and light commands fast
 

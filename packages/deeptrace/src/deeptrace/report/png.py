@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from deeptrace.analysis.run import RunAnalysis
+from deeptrace.report.model import Report
 
 COLOURS = {"compute": "#4C72B0", "exposed_comm": "#DD5555", "memory": "#55A868", "other": "#8172B2", "idle": "#CCCCCC"}
 LABELS = {"compute": "compute", "exposed_comm": "exposed comm", "memory": "memory", "other": "other", "idle": "idle"}
 
 
-def write_png(report: dict[str, Any], analysis: RunAnalysis, path: Path) -> None:
+def write_png(report: Report, analysis: RunAnalysis, path: Path) -> None:
     import matplotlib  # noqa: PLC0415  # lazy: keeps --help and light commands fast
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415  # lazy: keeps --help and light commands fast
 
-    ranks = list(report["ranks"])
+    ranks = [str(rank) for rank, _ in report.ranks_sorted()]
     height = min(12.0, max(3.0, 0.35 * len(ranks) + 1.5))  # hundreds of ranks: thinner bars, not a huge image
     fig, (bars, timeline) = plt.subplots(2, 1, figsize=(11, 2 * height), constrained_layout=True)
 
@@ -26,8 +26,8 @@ def write_png(report: dict[str, Any], analysis: RunAnalysis, path: Path) -> None
     for part, colour in COLOURS.items():
         values = []
         for rank in ranks:
-            steps = report["ranks"][rank]["steps"]
-            values.append(sum(s[f"{part}_ms"] for s in steps) / len(steps) if steps else 0.0)
+            windows = report.ranks[rank].steps
+            values.append(sum(w.part_ms(part) for w in windows) / len(windows) if windows else 0.0)
         bars.barh(ranks, values, left=left, color=colour, label=LABELS[part])
         left = [a + b for a, b in zip(left, values, strict=True)]
     bars.set_xlabel("ms per step")

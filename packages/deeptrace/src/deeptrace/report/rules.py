@@ -18,7 +18,8 @@ import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+
+from deeptrace.report.model import RankReport, Report
 
 _RULE = re.compile(r"^\s*([a-z_]+)\s*(?:(<=|>=|<|>)\s*(-?\d+(?:\.\d+)?))?\s*$")
 _OPS: dict[str, Callable[[float, float], bool]] = {
@@ -29,24 +30,24 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
 }
 
 
-def _per_rank(field: Callable[[dict[str, Any]], float | None]) -> Callable[[dict[str, Any]], list[tuple[str, float]]]:
-    def values(report: dict[str, Any]) -> list[tuple[str, float]]:
-        found = [(f"rank {k}", field(r)) for k, r in report["ranks"].items()]
+def _per_rank(field: Callable[[RankReport], float | None]) -> Callable[[Report], list[tuple[str, float]]]:
+    def values(report: Report) -> list[tuple[str, float]]:
+        found = [(f"rank {k}", field(r)) for k, r in report.ranks_sorted()]
         return [(who, v) for who, v in found if v is not None]
 
     return values
 
 
-_MEASURES: dict[str, Callable[[dict[str, Any]], list[tuple[str, float]]]] = {
-    "overlap": _per_rank(lambda r: r["overlap_pct"]),
-    "exposed": _per_rank(lambda r: r["exposed_comm_ms_per_step"]),
-    "idle": _per_rank(lambda r: r["breakdown"].get("idle_pct")),
-    "skew": lambda rep: [("max skew", v)] if (v := rep["collectives"]["skew_ms"]["max"]) is not None else [],
+_MEASURES: dict[str, Callable[[Report], list[tuple[str, float]]]] = {
+    "overlap": _per_rank(lambda r: r.overlap_pct),
+    "exposed": _per_rank(lambda r: r.exposed_comm_ms_per_step),
+    "idle": _per_rank(lambda r: r.breakdown.idle_pct),
+    "skew": lambda rep: [("max skew", v)] if (v := rep.collectives.skew_ms.max) is not None else [],
 }
-_FLAGS: dict[str, Callable[[dict[str, Any]], bool]] = {
-    "straggler": lambda rep: rep["stragglers"]["verdict"] == "straggler",
-    "hang": lambda rep: rep["hang"] is not None,
-    "warnings": lambda rep: bool(rep["warnings"]),
+_FLAGS: dict[str, Callable[[Report], bool]] = {
+    "straggler": lambda rep: rep.stragglers.verdict == "straggler",
+    "hang": lambda rep: rep.hang is not None,
+    "warnings": lambda rep: bool(rep.warnings),
 }
 
 
@@ -57,7 +58,7 @@ class Rule:
     op: str | None = None
     threshold: float | None = None
 
-    def met(self, report: dict[str, Any]) -> str | None:
+    def met(self, report: Report) -> str | None:
         """A sentence saying why the rule is met, or None."""
         if self.op is None:
             return f"{self.text}: met" if _FLAGS[self.name](report) else None

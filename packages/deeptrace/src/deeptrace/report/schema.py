@@ -1,6 +1,6 @@
-"""report.json: the analysis as one versioned JSON object (fields and units in docs/deeptrace.md).
+"""report.json: the analysis as one versioned, typed object (`report.model.Report`; fields in docs/deeptrace.md).
 
-Bump SCHEMA_VERSION when a field changes meaning or disappears; adding fields keeps the version.
+Bump SCHEMA_VERSION (in report/model.py) when a field changes meaning or disappears; adding fields keeps it.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import numpy as np
 from deeptrace import __version__
 from deeptrace.analysis.breakdown import WindowBreakdown
 from deeptrace.analysis.run import RunAnalysis
+from deeptrace.report.model import SCHEMA, SCHEMA_VERSION, Report
 
-SCHEMA = "deeptrace.report"
-SCHEMA_VERSION = 1
 NS_PER_MS = 1e6
 PER_COLLECTIVE_CAP = 2000
 PARTS = ("compute", "exposed_comm", "memory", "other", "idle")
@@ -34,7 +33,13 @@ def _window(b: WindowBreakdown) -> dict[str, Any]:
     return out
 
 
-def build_report(analysis: RunAnalysis) -> dict[str, Any]:
+def build_report(analysis: RunAnalysis) -> Report:
+    """The typed report; `.to_json()` is report.json. Built as the JSON object, then validated into the model,
+    so what is written and what the renderers read cannot drift apart."""
+    return Report.model_validate(_report_object(analysis))
+
+
+def _report_object(analysis: RunAnalysis) -> dict[str, Any]:
     ranks: dict[str, Any] = {}
     for rank, result in analysis.ranks.items():
         has_comm = result.has_comm
@@ -71,6 +76,11 @@ def build_report(analysis: RunAnalysis) -> dict[str, Any]:
         "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "run_dir": str(analysis.inputs.run_dir),
         "inputs": analysis.input_status,
+        "earlier_attempts": [
+            {"rank": rank, "attempt": attempt, "path": str(path)}
+            for rank, attempts in analysis.inputs.earlier_attempts.items()
+            for attempt, path in attempts.items()
+        ],
         "ranks": ranks,
         "collectives": {
             "matched": int(skew_ms.size),
@@ -107,5 +117,6 @@ def build_report(analysis: RunAnalysis) -> dict[str, Any]:
         },
         "stragglers": analysis.stragglers,
         "hang": analysis.hang,
+        "flight_recorder": analysis.flight_recorder,
         "warnings": analysis.warnings,
     }

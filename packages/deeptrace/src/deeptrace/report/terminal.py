@@ -1,11 +1,13 @@
-"""The readable terminal report (rich), made from report.json alone."""
+"""The readable terminal report (rich), made from the typed report alone."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+from deeptrace.report.model import RankReport, Report
 
 MAX_STEPS_PER_RANK = 20
 MAX_ARRIVAL_ROWS = 32
@@ -20,89 +22,114 @@ def _pct(value: float | None) -> str:
     return "—" if value is None else f"{value:.1f}%"
 
 
-def render_terminal(report: dict[str, Any], console: Console) -> None:
-    ranks = report["ranks"]
-    console.print(f"[bold]deeptrace[/bold] {report['run_dir']}  ({len(ranks)} ranks analysed)")
+def render_terminal(report: Report, console: Console) -> None:
+    ranks = report.ranks_sorted()
+    console.print(f"[bold]deeptrace[/bold] {report.run_dir}  ({len(ranks)} ranks analysed)")
     table = Table(title="Per rank: analysis window (times in ms)", title_justify="left")
     for header in ("rank", "overlap", "exposed/step", "compute", "comm", "exposed", "memory", "idle", "window",
                    "offset"):  # fmt: skip
         table.add_column(header, justify="right")
-    for rank, r in ranks.items():
-        b = r["breakdown"]
+    for rank, r in ranks:
+        b = r.breakdown
         table.add_row(
-            rank,
-            _pct(r["overlap_pct"]),
-            _ms(r["exposed_comm_ms_per_step"]),
-            _ms(b["compute_ms"]),
-            _ms(b["comm_ms"]),
-            _ms(b["exposed_comm_ms"]),
-            _ms(b["memory_ms"]),
-            _ms(b["idle_ms"]),
-            _ms(b["window_ms"]),
-            _ms(r["clock_offset_ms"]),
+            str(rank),
+            _pct(r.overlap_pct),
+            _ms(r.exposed_comm_ms_per_step),
+            _ms(b.compute_ms),
+            _ms(b.comm_ms),
+            _ms(b.exposed_comm_ms),
+            _ms(b.memory_ms),
+            _ms(b.idle_ms),
+            _ms(b.window_ms),
+            _ms(r.clock_offset_ms),
         )
-    console.print(table)
-    for rank, r in ranks.items():
-        if r.get("timing_note"):
-            console.print(f"rank {rank}: {r['timing_note']}")
+    if ranks:
+        console.print(table)
+    for rank, r in ranks:
+        if r.timing_note:
+            console.print(f"rank {rank}: {r.timing_note}")
+    for earlier in report.earlier_attempts:
+        console.print(f"rank {earlier.rank}: earlier attempt {earlier.attempt} set aside, not analysed: {earlier.path}")
 
-    rows = sum(min(len(r["steps"]), MAX_STEPS_PER_RANK) for r in ranks.values())
-    if rows > MAX_STEP_ROWS:
+    rows = sum(min(len(r.steps), MAX_STEPS_PER_RANK) for _, r in ranks)
+    if not ranks:
+        pass  # nothing per rank to show (only heartbeats or Flight Recorder dumps)
+    elif rows > MAX_STEP_ROWS:
         console.print(f"Per-step figures of {len(ranks)} ranks: in report.json and report.md.")
     else:
         _steps_table(ranks, console)
     _collectives(report, console)
 
 
-def _steps_table(ranks: dict[str, Any], console: Console) -> None:
+def _steps_table(ranks: list[tuple[int, RankReport]], console: Console) -> None:
     steps = Table(title="Per rank and step (ms)", title_justify="left")
     for header in ("rank", "step", "window", "compute", "exposed comm", "memory", "idle", "overlap"):
         steps.add_column(header, justify="right")
-    for rank, r in ranks.items():
-        for s in r["steps"][:MAX_STEPS_PER_RANK]:
+    for rank, r in ranks:
+        for s in r.steps[:MAX_STEPS_PER_RANK]:
             steps.add_row(
-                rank,
-                "—" if s["step"] is None else str(s["step"]),
-                _ms(s["window_ms"]),
-                _ms(s["compute_ms"]),
-                _ms(s["exposed_comm_ms"]),
-                _ms(s["memory_ms"]),
-                _ms(s["idle_ms"]),
-                _pct(s["overlap_pct"]),
+                str(rank),
+                "—" if s.step is None else str(s.step),
+                _ms(s.window_ms),
+                _ms(s.compute_ms),
+                _ms(s.exposed_comm_ms),
+                _ms(s.memory_ms),
+                _ms(s.idle_ms),
+                _pct(s.overlap_pct),
             )
     console.print(steps)
 
 
-def _collectives(report: dict[str, Any], console: Console) -> None:
-    ranks = report["ranks"]
-    coll = report["collectives"]
-    if coll["matched"]:
-        skew = coll["skew_ms"]
+def _collectives(report: Report, console: Console) -> None:
+    ranks = report.ranks_sorted()
+    coll = report.collectives
+    if coll.matched:
+        skew = coll.skew_ms
         console.print(
-            f"[bold]Collectives[/bold]: {coll['matched']} matched across ranks "
-            f"(by sequence number: {coll['matched_by']['seq']}, by order: {coll['matched_by']['order']}); "
-            f"arrival skew median {_ms(skew['median'])} ms, p95 {_ms(skew['p95'])} ms, max {_ms(skew['max'])} ms"
+            f"[bold]Collectives[/bold]: {coll.matched} matched across ranks "
+            f"(by sequence number: {coll.matched_by.get('seq', 0)}, by order: {coll.matched_by.get('order', 0)}); "
+            f"arrival skew median {_ms(skew.median)} ms, p95 {_ms(skew.p95)} ms, max {_ms(skew.max)} ms"
         )
         arrivals = Table(title="Arrivals at matched collectives", title_justify="left")
         for header in ("rank", "collectives", "arrived last", "share", "others waited for it (ms)", "it waited (ms)"):
             arrivals.add_column(header, justify="right")
-        shown = sorted(ranks.items(), key=lambda kv: -kv[1]["collectives"]["caused_wait_ms"])[:MAX_ARRIVAL_ROWS]
+        shown = sorted(ranks, key=lambda kv: -kv[1].collectives.caused_wait_ms)[:MAX_ARRIVAL_ROWS]
         if len(ranks) > MAX_ARRIVAL_ROWS:
             arrivals.caption = f"the {MAX_ARRIVAL_ROWS} ranks that caused the most waiting; all in report.json"
-        for rank, r in sorted(shown, key=lambda kv: int(kv[0])):
-            c = r["collectives"]
-            if c["matched"]:
+        for rank, r in sorted(shown, key=lambda kv: kv[0]):
+            c = r.collectives
+            if c.matched:
                 arrivals.add_row(
-                    rank, str(c["matched"]), str(c["arrived_last"]), _pct(100 * (c["last_arrival_share"] or 0)),
-                    _ms(c["caused_wait_ms"]), _ms(c["waited_ms"]),
+                    str(rank), str(c.matched), str(c.arrived_last), _pct(100 * (c.last_arrival_share or 0)),
+                    _ms(c.caused_wait_ms), _ms(c.waited_ms),
                 )  # fmt: skip
         console.print(arrivals)
-    s = report["stragglers"]
-    colour = {"straggler": "red", "none": "green"}.get(s["verdict"], "yellow")
-    console.print(f"[bold]Stragglers[/bold]: [{colour}]{s['verdict']}[/{colour}] — {s['explanation']}")
-    hang = report["hang"]
+    s = report.stragglers
+    colour = {"straggler": "red", "none": "green"}.get(s.verdict, "yellow")
+    console.print(f"[bold]Stragglers[/bold]: [{colour}]{s.verdict}[/{colour}] — {s.explanation}")
+    _findings(report, console)
+
+
+def _findings(report: Report, console: Console) -> None:
+    """The hang (heartbeats, and deeptrace watch's stacks), the Flight Recorder, the warnings."""
+    hang = report.hang
     if hang is not None:
-        console.print(f"[bold red]Hang[/bold red]: {hang.get('summary', hang)}")
-    if report["warnings"]:
+        console.print(f"[bold red]Hang[/bold red]: {hang.summary}")
+        if hang.watch is not None:
+            for culprit in hang.watch.culprits:
+                console.print(f"  deeptrace watch: rank {culprit.rank} waits at {culprit.where} ({culprit.function})")
+                for line in culprit.evidence:
+                    console.print(f"    {line}")
+            console.print(f"  stacks and verdict: {Path(hang.watch.path).parent}")
+    flight = report.flight_recorder
+    if flight is not None:
+        console.print(f"[bold]Flight Recorder[/bold]: {flight.summary}")
+        first = flight.first_disagreement
+        if first is not None:
+            for who, what in sorted(first.per_rank.items(), key=lambda kv: int(kv[0])):
+                console.print(f"  rank {who}: {what}")
+            if first.issued_at:
+                console.print(f"  issued at {first.issued_at}")
+    if report.warnings:
         # The warnings themselves went to stderr as they arose; repeating them here would say each one twice.
-        console.print(f"[yellow]{len(report['warnings'])} warnings[/yellow] (on stderr above, and in report.json)")
+        console.print(f"[yellow]{len(report.warnings)} warnings[/yellow] (on stderr above, and in report.json)")

@@ -18,7 +18,7 @@ from deeptrace.rundir.readers import (
     read_rank_clock,
     read_rank_records,
 )
-from deeptrace.rundir.records import ClockRef, CollectiveMark, Heartbeat, RankClock, RunMeta, SpanMark
+from deeptrace.rundir.records import ClockRef, CollectiveMark, Heartbeat, PhaseMark, RankClock, RunMeta, SpanMark
 from deeptrace.rundir.writer import RunDirectoryError, RunWriter
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "CollectiveMark",
     "Heartbeat",
     "JsonlFollower",
+    "PhaseMark",
     "RankClock",
     "RunDirectoryError",
     "RunMeta",

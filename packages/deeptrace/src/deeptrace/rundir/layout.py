@@ -23,13 +23,20 @@ PROFILER_DIR = "profiler"
 CHECKPOINTS_DIR = "checkpoints"
 LOGS_DIR = "logs"
 HF_DIR = "hf"
-REPORT_DIR = "deeptrace"  # what `deeptrace analyze` writes
+REPORT_DIR = "deeptrace"  # what `deeptrace analyze` and `deeptrace watch` write
+FLIGHT_RECORDER_DIR = "flight_recorder"  # PyTorch Flight Recorder dumps, one per rank (TORCH_FR_DUMP_TEMP_FILE)
+STACKS_DIR = "stacks"  # the in-process stack dumps of the ranks (Collector, on a signal)
+HANG_DIR_PREFIX = "hang-"  # deeptrace/hang-<UTC time>/: one diagnosed hang of `deeptrace watch`
+WATCH_DIR = "watch"  # deeptrace/watch/: stack requests to the per-node helpers and their answers
+VERDICT_FILE = "verdict.json"
 CHECKPOINT_COMPLETE_MARKER = "COMPLETE"
 
 TRACE_SUFFIX = ".dtr"  # deeptrace's binary span records
 CLOCK_SUFFIX = ".clock.json"
 
 _RANK_FILE = re.compile(r"^rank-(\d+)(\..+)$")
+_ATTEMPT_FILE = re.compile(r"^rank-(\d+)\.attempt-(\d+)(\..+)$")
+_TRAILING_RANK = re.compile(r"(\d+)(?:\.pickle|\.pkl)?$")
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -65,6 +72,102 @@ def trace_path(run_dir: Path | str, rank: int) -> Path:
 def clock_path(run_dir: Path | str, rank: int) -> Path:
     """The rank's clock reference (wall and monotonic clock read together), beside its trace."""
     return trace_dir(run_dir) / f"rank-{rank}{CLOCK_SUFFIX}"
+
+
+def attempt_trace_path(run_dir: Path | str, rank: int, attempt: int) -> Path:
+    """An earlier attempt's trace of a restarted rank, set aside by the Collector (attempts count from 1)."""
+    return trace_dir(run_dir) / f"rank-{rank}.attempt-{attempt}{TRACE_SUFFIX}"
+
+
+def attempt_clock_path(run_dir: Path | str, rank: int, attempt: int) -> Path:
+    return trace_dir(run_dir) / f"rank-{rank}.attempt-{attempt}{CLOCK_SUFFIX}"
+
+
+def current_traces(run_dir: Path | str) -> dict[int, Path]:
+    """Every rank's trace of its current attempt (rank-R.dtr), keyed by rank; never a set-aside attempt."""
+    found: dict[int, Path] = {}
+    folder = trace_dir(run_dir)
+    if folder.is_dir():
+        for child in folder.iterdir():
+            match = _RANK_FILE.match(child.name)
+            if match and match.group(2) == TRACE_SUFFIX and child.is_file():
+                found[int(match.group(1))] = child
+    return dict(sorted(found.items()))
+
+
+def earlier_attempts(run_dir: Path | str) -> dict[int, dict[int, Path]]:
+    """The set-aside traces of restarted ranks: rank -> attempt -> path, both ascending."""
+    found: dict[int, dict[int, Path]] = {}
+    folder = trace_dir(run_dir)
+    if folder.is_dir():
+        for child in folder.iterdir():
+            match = _ATTEMPT_FILE.match(child.name)
+            if match and match.group(3) == TRACE_SUFFIX and child.is_file():
+                found.setdefault(int(match.group(1)), {})[int(match.group(2))] = child
+    return {rank: dict(sorted(attempts.items())) for rank, attempts in sorted(found.items())}
+
+
+def next_attempt(run_dir: Path | str, rank: int) -> int:
+    """The number the current trace of `rank` gets when it is set aside: one more than the last set aside."""
+    return max(earlier_attempts(run_dir).get(rank, {}), default=0) + 1
+
+
+def flight_recorder_dir(run_dir: Path | str) -> Path:
+    """PyTorch Flight Recorder dumps: point TORCH_FR_DUMP_TEMP_FILE at `<this folder>/rank_` and each rank's
+    dump lands as rank_<R>."""
+    return Path(run_dir) / FLIGHT_RECORDER_DIR
+
+
+def flight_recorder_dumps(run_dir: Path | str) -> dict[int, Path]:
+    """Every rank's Flight Recorder dump, keyed by the rank at the end of its name (rank_3, rank-3, ..._3)."""
+    folder = flight_recorder_dir(run_dir)
+    found: dict[int, Path] = {}
+    if folder.is_dir():
+        for child in folder.iterdir():
+            match = _TRAILING_RANK.search(child.name)
+            if match and child.is_file() and not child.name.startswith("."):
+                found[int(match.group(1))] = child
+    return dict(sorted(found.items()))
+
+
+def stacks_dir(run_dir: Path | str) -> Path:
+    return Path(run_dir) / STACKS_DIR
+
+
+def stack_dump_path(run_dir: Path | str, rank: int) -> Path:
+    """Where the rank's in-process stack dump (faulthandler, on its stack signal) appends its text."""
+    return stacks_dir(run_dir) / f"rank-{rank}.txt"
+
+
+def hang_dir(run_dir: Path | str, stamp: str) -> Path:
+    """One hang diagnosed by `deeptrace watch`: stacks per rank and verdict.json (`stamp`: UTC, sortable)."""
+    return report_dir(run_dir) / f"{HANG_DIR_PREFIX}{stamp}"
+
+
+def hang_dirs(run_dir: Path | str) -> list[Path]:
+    """Every hang folder with a verdict, oldest first."""
+    folder = report_dir(run_dir)
+    if not folder.is_dir():
+        return []
+    return sorted(
+        child
+        for child in folder.iterdir()
+        if child.name.startswith(HANG_DIR_PREFIX) and (child / VERDICT_FILE).is_file()
+    )
+
+
+def watch_dir(run_dir: Path | str) -> Path:
+    return report_dir(run_dir) / WATCH_DIR
+
+
+def stack_requests_dir(run_dir: Path | str) -> Path:
+    """Stack requests of `deeptrace watch` to the per-node helpers (`deeptrace watch --node`), and their answers."""
+    return watch_dir(run_dir) / "requests"
+
+
+def node_helpers_dir(run_dir: Path | str) -> Path:
+    """One file per running node helper, rewritten while it lives: which hosts have one."""
+    return watch_dir(run_dir) / "nodes"
 
 
 def heartbeat_dir(run_dir: Path | str) -> Path:

@@ -209,6 +209,24 @@ class SpanMark:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class PhaseMark:
+    """A legitimately long phase the training loop announced (`Collector.phase`): a checkpoint save, an evaluation.
+
+    A rank inside one makes no progress for a while on purpose; `deeptrace watch` never calls that a hang.
+    """
+
+    name: str
+    since_wall_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "since_wall_s": self.since_wall_s}
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any], path: Path) -> PhaseMark:
+        return cls(name=_get(obj, "name", str, path), since_wall_s=float(_get(obj, "since_wall_s", (int, float), path)))
+
+
 HeartbeatState = Literal["running", "closed", "crashed"]
 HEARTBEAT_STATES: tuple[HeartbeatState, ...] = ("running", "closed", "crashed")
 
@@ -239,6 +257,11 @@ class Heartbeat:
     groups: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
     error: str | None = None  # set when state == "crashed": the exception that ended the rank
     format_version: int = 1
+    phase: PhaseMark | None = None  # the announced long phase the rank is in (innermost), if any
+    # The training thread (the one that made the Collector): `threading.get_ident()`, which is the pthread id that
+    # py-spy's `thread_id` and faulthandler's "Thread 0x..." lines show, so a stack dump finds that thread.
+    thread_id: int | None = None
+    stack_signal: int | None = None  # the signal that makes the rank dump its stacks (Collector's in-process dump)
 
     @property
     def in_collective(self) -> CollectiveMark | None:
@@ -267,6 +290,9 @@ class Heartbeat:
             "collective_left": None if self.collective_left is None else self.collective_left.to_dict(),
             "groups": {g: {"entered": e, "left": left} for g, (e, left) in sorted(self.groups.items())},
             "error": self.error,
+            "phase": None if self.phase is None else self.phase.to_dict(),
+            "thread_id": self.thread_id,
+            "stack_signal": self.stack_signal,
         }
 
     @classmethod
@@ -285,6 +311,7 @@ class Heartbeat:
         span = _get(obj, "open_span", dict, path, optional=True)
         entered = _get(obj, "collective_entered", dict, path, optional=True)
         left = _get(obj, "collective_left", dict, path, optional=True)
+        phase = _get(obj, "phase", dict, path, optional=True)
         return cls(
             rank=_get(obj, "rank", int, path),
             world_size=_get(obj, "world_size", int, path),
@@ -301,4 +328,7 @@ class Heartbeat:
             groups=groups,
             error=_get(obj, "error", str, path, optional=True),
             format_version=_get(obj, "format_version", int, path),
+            phase=None if phase is None else PhaseMark.from_dict(phase, path),
+            thread_id=_get(obj, "thread_id", int, path, optional=True),
+            stack_signal=_get(obj, "stack_signal", int, path, optional=True),
         )

@@ -62,7 +62,7 @@ class RunWriter:
         device in FLOP/s for the training dtype; `model_flops_per_token` counts forward and backward.
         """
         self._require_rank0("meta.json")
-        host = socket.gethostname()
+        host = host_name()
         if rank_hosts is None:
             rank_hosts = dict.fromkeys(range(self.world_size), host)
         if hosts is None:
@@ -144,6 +144,18 @@ class RunWriter:
         self.close()
 
 
+HOST_ENV = "DEEPTRACE_HOST"
+
+
+def host_name() -> str:
+    """This node's name as the run directory records it: $DEEPTRACE_HOST when set, else the host name.
+
+    The override exists for containers whose host name is not the node's, and so that one machine can stand for
+    several nodes in tests (`deeptrace watch --node` helpers answer for the ranks of their own host name).
+    """
+    return os.environ.get(HOST_ENV) or socket.gethostname()
+
+
 def process_identity() -> tuple[str, int]:
     """(host name, pid) of this process, as heartbeats and clock references record them."""
-    return socket.gethostname(), os.getpid()
+    return host_name(), os.getpid()

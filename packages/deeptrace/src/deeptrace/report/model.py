@@ -1,0 +1,264 @@
+"""report.json as one typed model: what the analyser builds and what every reader reads.
+
+`build_report` (report/schema.py) makes a `Report`; the terminal, Markdown and PNG renderers, the --fail-on
+rules and xtop read its attributes, never string keys. `load_report(data, path)` is the one way to read a
+report.json written earlier: it checks `schema` and `schema_version` (a newer version is refused with a message
+to upgrade, an older one the model cannot read likewise) and validates every field. Field meanings and units:
+docs/deeptrace.md ("report.json").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SCHEMA = "deeptrace.report"
+SCHEMA_VERSION = 1
+
+
+class _Model(BaseModel):
+    # Fields may be added within a version: a reader ignores what it does not know (and keeps it on a round trip).
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class Window(_Model):
+    window_ms: float
+    compute_ms: float
+    comm_ms: float
+    exposed_comm_ms: float
+    memory_ms: float
+    other_ms: float
+    idle_ms: float
+    overlap_pct: float | None = None
+    compute_pct: float | None = None
+    exposed_comm_pct: float | None = None
+    memory_pct: float | None = None
+    other_pct: float | None = None
+    idle_pct: float | None = None
+
+    def part_ms(self, part: str) -> float:
+        """compute, exposed_comm, memory, other or idle, in ms."""
+        value: float = getattr(self, f"{part}_ms")
+        return value
+
+
+class StepWindow(Window):
+    step: int | None
+
+
+class RankCollectives(_Model):
+    count: int
+    matched: int
+    arrived_last: int
+    last_arrival_share: float | None
+    caused_wait_ms: float
+    waited_ms: float
+
+
+class RankReport(_Model):
+    source: Literal["kineto", "collector"]
+    path: str
+    timing: str
+    timing_note: str | None = None
+    overlap_pct: float | None
+    exposed_comm_ms_per_step: float | None
+    breakdown: Window
+    steps: list[StepWindow]
+    kernels: dict[str, int]
+    unclassified_kernels: dict[str, int]
+    clock_offset_ms: float
+    collectives: RankCollectives
+
+
+class InputStatus(_Model):
+    path: str
+    kind: str
+    rank: int | None
+    error: str | None
+
+
+class EarlierAttempt(_Model):
+    """A restarted rank's set-aside trace (rank-R.attempt-K.dtr): listed, not analysed as the rank."""
+
+    rank: int
+    attempt: int
+    path: str
+
+
+class Skew(_Model):
+    median: float | None
+    p95: float | None
+    max: float | None
+
+
+class CollectiveSkew(_Model):
+    skew_ms: float | None
+    last_rank: int
+    group: str
+    step: int | None
+    name: str
+    matched_by: Literal["seq", "order"]
+    seq: int | None = None
+    order: int | None = None
+
+
+class Collectives(_Model):
+    matched: int
+    matched_by: dict[str, int]
+    skew_ms: Skew
+    per_collective: list[CollectiveSkew]
+    per_collective_truncated: bool
+    worst: list[CollectiveSkew]
+
+
+class Clock(_Model):
+    applied: bool
+    reference_rank: int | None
+    method: str
+    offsets_ms: dict[str, float]
+
+
+class StragglerCulprit(_Model):
+    rank: int
+    last_arrival_share: float
+    arrived_last: int
+    collectives: int
+    mean_lateness_ms: float
+    caused_wait_ms: float
+    steps_recurring: int
+    steps_total: int
+    evidence: str
+
+
+class WaitingRank(_Model):
+    rank: int
+    waited_ms: float
+
+
+class Stragglers(_Model):
+    verdict: Literal["straggler", "none", "unknown"]
+    culprits: list[StragglerCulprit]
+    waiting_ranks: list[WaitingRank]
+    matched_collectives: int
+    explanation: str
+
+
+class HangCollective(_Model):
+    group: str
+    seq: int
+    name: str
+
+
+class WatchCulprit(_Model):
+    rank: int
+    where: str | None
+    function: str | None
+    evidence: list[str]
+
+
+class WatchVerdict(_Model):
+    """The newest verdict of `deeptrace watch` in RUN_DIR/deeptrace/hang-*/ (stacks, file:line)."""
+
+    path: str
+    created: str | None
+    summary: str | None
+    culprit_ranks: list[int]
+    culprits: list[WatchCulprit]
+    hangs_recorded: int
+
+
+class Hang(_Model):
+    summary: str
+    now_wall_s: float
+    stall_after_s: float
+    world_size: int
+    stopped_ranks: list[int]
+    waiting_ranks: list[int]
+    culprit_ranks: list[int]
+    collective: HangCollective | None
+    reason: str
+    missing_ranks: list[int]
+    unreadable_ranks: dict[str, str]
+    evidence: list[str]
+    ranks: dict[str, dict[str, Any]]  # per rank, the heartbeat's account (docs/run-directory.md)
+    watch: WatchVerdict | None = None
+
+
+class FlightDisagreement(_Model):
+    group: str
+    seq: int
+    kind: Literal["missing", "mismatch"]
+    culprit_ranks: list[int]
+    per_rank: dict[str, str]
+    issued_at: str | None
+    summary: str
+
+
+class FlightRecorder(_Model):
+    """What the PyTorch Flight Recorder dumps in RUN_DIR/flight_recorder/ say (analysis/flight_recorder.py)."""
+
+    ranks: list[int]
+    paths: dict[str, str]
+    first_disagreement: FlightDisagreement | None
+    disagreements: list[FlightDisagreement]
+    summary: str
+
+
+class Report(_Model):
+    schema_: Literal["deeptrace.report"] = Field(alias="schema")
+    schema_version: int
+    deeptrace_version: str
+    created: str
+    run_dir: str
+    inputs: list[InputStatus]
+    earlier_attempts: list[EarlierAttempt] = Field(default_factory=list)
+    ranks: dict[str, RankReport]
+    collectives: Collectives
+    clock: Clock
+    stragglers: Stragglers
+    hang: Hang | None
+    flight_recorder: FlightRecorder | None = None
+    warnings: list[str]
+
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
+    def ranks_sorted(self) -> list[tuple[int, RankReport]]:
+        return sorted(((int(rank), entry) for rank, entry in self.ranks.items()), key=lambda item: item[0])
+
+    def to_json(self) -> dict[str, Any]:
+        """The exact report.json object."""
+        data: dict[str, Any] = self.model_dump(mode="json", by_alias=True)
+        return data
+
+
+class ReportError(ValueError):
+    """A report.json that cannot be read as this version's model; the message names the file."""
+
+
+def load_report(data: bytes | dict[str, Any], path: Path | str = "report.json") -> Report:
+    """Read a report.json (bytes or the parsed object): schema and version checked, every field validated."""
+    try:
+        obj = orjson.loads(data) if isinstance(data, bytes) else data
+    except orjson.JSONDecodeError as error:
+        raise ReportError(f"{path}: invalid JSON ({error})") from None
+    if not isinstance(obj, dict) or obj.get("schema") != SCHEMA:
+        raise ReportError(f"{path}: not a deeptrace report (schema is not {SCHEMA!r})")
+    version = obj.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ReportError(f"{path}: schema_version missing or not an integer")
+    if version > SCHEMA_VERSION:
+        raise ReportError(
+            f"{path}: report schema version {version} is newer than this deeptrace reads ({SCHEMA_VERSION}): "
+            "upgrade deeptrace"
+        )
+    if version < SCHEMA_VERSION:
+        raise ReportError(f"{path}: report schema version {version} is older than {SCHEMA_VERSION}: analyse again")
+    try:
+        return Report.model_validate(obj)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ReportError(f"{path}: field {where}: {first['msg']} ({error.error_count()} problems)") from None
