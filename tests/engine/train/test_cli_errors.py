@@ -4,6 +4,7 @@ file or the key (with the closest valid key for a misspelt one), no traceback, n
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,8 @@ def config_text(
 def xtrain(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [XTRAIN, *map(str, args)], capture_output=True, text=True, timeout=300, check=False, cwd=cwd,
-        env={"PATH": "/usr/bin:/bin", "XTRAIN_CACHE_DIR": str(cwd / "cache"), "OMP_NUM_THREADS": "1"},
+        env={"PATH": "/usr/bin:/bin", "XTRAIN_CACHE_DIR": str(cwd / "cache"), "OMP_NUM_THREADS": "1",
+             **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {})},
     )  # fmt: skip
 
 
@@ -109,8 +111,8 @@ def test_a_source_without_one_valid_line_is_named_and_bad_lines_are_counted(tmp_
     assert metrics[-1]["skipped_lines"] == 2
     assert f"{mixed}:121" in result.stderr  # the first bad line, by file and line number
 
-    # A second run into the same directory would mix two runs' metrics: refused, and the first run is kept.
-    again = xtrain("train", config, "--run-dir", tmp_path / "run", cwd=tmp_path)
+    # Starting over (--resume none) in the same directory would mix two runs' metrics: refused, the first kept.
+    again = xtrain("train", config, "--run-dir", tmp_path / "run", "--resume", "none", cwd=tmp_path)
     assert_user_error(again, "already holds a run")
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
 
