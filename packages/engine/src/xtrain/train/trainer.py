@@ -40,10 +40,10 @@ from xtrain.parallel.distributed import Distributed, barrier, close_distributed,
 from xtrain.parallel.fsdp import apply_fsdp
 from xtrain.parallel.materialize import materialize
 from xtrain.parallel.mesh import data_parallel_mesh
+from xtrain.train.launch import check_world_size
 from xtrain.train.metrics import device_peak_flops, memory_figures, mfu
 from xtrain.train.optimizer import build_optimizer
 from xtrain.train.progress import ProgressLine
-from xtrain.train.launch import check_world_size
 from xtrain.train.schedule import build_scheduler
 from xtrain.train.step import GlobalBatch, LossSettings, MicroBatch, train_step
 
