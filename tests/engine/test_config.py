@@ -58,8 +58,10 @@ def test_hf_config_round_trips_and_transformers_accepts_it(size: str) -> None:
     hf = config.to_hf_config()
     assert ModelConfig.from_hf_config(hf) == config
     theirs = AutoConfig.for_model(hf["model_type"], **{k: v for k, v in hf.items() if k != "model_type"})
-    assert type(theirs).__name__ == ("Qwen3MoeConfig" if config.moe is not None else "Qwen3Config")
-    assert theirs.num_hidden_layers == config.num_layers and theirs.head_dim == config.head_dim
+    # transformers' config class of each architecture xtrain writes (CausalLM -> Config).
+    assert type(theirs).__name__ == config.hf_architecture.replace("ForCausalLM", "Config")
+    # transformers' DeepseekV3Config calls the rotary width head_dim; for the other families it is the head width.
+    assert theirs.num_hidden_layers == config.num_layers and theirs.head_dim == config.rotary_dim
 
 
 def test_transformers_5_spelling_num_local_experts_is_read() -> None:

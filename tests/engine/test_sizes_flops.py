@@ -29,10 +29,9 @@ def test_counts_equal_the_parameters_of_the_built_model(size: str) -> None:
         model = Transformer(config)
     counts = count_parameters(config)
     assert counts.total == sum(p.numel() for p in model.parameters())
+    # Every parameter of the routed experts (GPT-OSS's expert biases included).
     routed_per_layer = sum(
-        layer.moe.experts.gate_up_proj.numel() + layer.moe.experts.down_proj.numel()
-        for layer in model.layers
-        if layer.moe is not None
+        sum(p.numel() for p in layer.moe.experts.parameters()) for layer in model.layers if layer.moe is not None
     )
     assert config.moe is None or routed_per_layer > 0
     inactive_fraction = 0 if config.moe is None else 1 - config.moe.num_experts_per_tok / config.moe.num_experts

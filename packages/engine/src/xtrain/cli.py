@@ -48,6 +48,7 @@ def info(model_name: str, seq_len: int, as_json: bool) -> None:
         "architecture": config.hf_architecture,
         "parameters_total": counts.total,
         "parameters_active": counts.active,
+        "parameters_active_without_input_embedding": counts.active_without_input_embedding,
         "parameters_embedding": counts.embedding,
         "parameters_active_matmul": counts.active_matmul,
         "seq_len": seq_len,
@@ -61,6 +62,7 @@ def info(model_name: str, seq_len: int, as_json: bool) -> None:
     click.echo(f"model                {model_name} ({config.hf_architecture})")
     click.echo(f"parameters total     {counts.total:,} ({counts.total / 1e9:.2f} B)")
     click.echo(f"parameters active    {counts.active:,} ({counts.active / 1e9:.2f} B per token)")
+    click.echo(f"  without input emb. {counts.active_without_input_embedding / 1e9:.2f} B (the lookup is no compute)")
     click.echo(f"FLOPs/token (train)  {figures['training_flops_per_token']:.4g} at one document of {seq_len} tokens")
     click.echo(f"  weight matmuls     {matmul_per_token:.4g} (6 x {counts.active_matmul:,} active matmul weights)")
     click.echo(f"  attention          {attention_per_token:.4g} (causal)")
@@ -91,19 +93,17 @@ def train(config_path: Path, run_dir: Path | None, overrides: tuple[str, ...], r
 
     try:
         config = launch.load_and_check(config_path, overrides)
-        launch.check_resume(resume)
         resolved_run_dir = launch.resolve_run_dir(run_dir, config_path)
         if nproc is not None and not launched_by_torchrun():
             launch.check_world_size(config, nproc)
+            launch.check_resume(resume, resolved_run_dir, config)
             from xtrain.data import prepare_corpus  # noqa: PLC0415
-            from xtrain.train.trainer import check_fresh_run_dir  # noqa: PLC0415
 
-            check_fresh_run_dir(resolved_run_dir)
             prepare_corpus(config.data, log=lambda message: click.echo(f"xtrain: {message}", err=True))
             sys.exit(launch.launch_torchrun(config_path, resolved_run_dir, overrides, resume, nproc))
         from xtrain.train.trainer import train as run_training  # noqa: PLC0415
 
-        run_training(config, resolved_run_dir)
+        run_training(config, resolved_run_dir, resume=resume)
     except XtrainError as error:
         if not launch.report_user_error(str(error)):
             click.echo(f"xtrain: error: {error}", err=True)
@@ -111,6 +111,31 @@ def train(config_path: Path, run_dir: Path | None, overrides: tuple[str, ...], r
     except TrainingStoppedError as error:
         click.echo(f"xtrain: {error}", err=True)
         sys.exit(1)
+
+
+@main.command(context_settings={"show_default": True})
+@click.argument("source", metavar="RUN_DIR|CHECKPOINT", type=click.Path(path_type=Path))
+@click.argument("out", metavar="OUT", type=click.Path(path_type=Path))
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", help="Dtype of the weights.")
+@click.option("--max-shard-size", default="5GB", help="Split the safetensors into shards (with an index) above this.")
+@click.option("--replace", is_flag=True, help="Replace OUT if it exists.")
+def export(source: Path, out: Path, dtype: str, max_shard_size: str, replace: bool) -> None:
+    """Write a checkpoint (or a run's newest complete one) as a Hugging Face folder: config.json, safetensors,
+    tokenizer files."""
+    from xtrain.errors import XtrainError  # noqa: PLC0415 (keeps `xtrain --help` light)
+    from xtrain.train.checkpoint.export import export_hf, parse_size  # noqa: PLC0415
+    from xtrain.train.checkpoint.locate import open_checkpoint  # noqa: PLC0415
+
+    try:
+        import torch  # noqa: PLC0415
+
+        max_bytes = parse_size(max_shard_size)
+        point = open_checkpoint(source, lambda message: click.echo(f"xtrain: warning: {message}", err=True))
+        written = export_hf(point, out, dtype=getattr(torch, dtype), max_shard_bytes=max_bytes, replace=replace)
+    except XtrainError as error:
+        click.echo(f"xtrain: error: {error}", err=True)
+        sys.exit(2)
+    click.echo(f"xtrain: wrote {written} (step {point.step} of {point.folder})", err=True)
 
 
 @main.group()

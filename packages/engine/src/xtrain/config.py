@@ -129,6 +129,32 @@ class TraceSection(_Section):
     """Steps to record with the PyTorch profiler (Kineto traces in RUN_DIR/profiler/)."""
 
 
+class CheckpointSection(_Section):
+    """``[checkpoint]``: when the run saves a checkpoint (DCP, RUN_DIR/checkpoints/step-N/) and what it keeps."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    every_steps: int = Field(default=0, ge=0)
+    """Save every this many optimizer steps, and after the last step (0: never save)."""
+    keep: int = Field(default=3, ge=0)
+    """Complete checkpoints kept: after each save the oldest beyond this many are deleted (0: keep all)."""
+    async_save: bool = Field(default=False, alias="async")
+    """The training loop waits only for the copy of the state to host memory; the files are written in the
+    background (one save in flight at most: the next one waits for it)."""
+    hf_every_steps: int = Field(default=0, ge=0)
+    """Also write a Hugging Face folder (RUN_DIR/hf/step-N/) every this many steps, from that step's checkpoint,
+    by a background process (0: never). Must be a multiple of every_steps."""
+
+    @model_validator(mode="after")
+    def _check(self) -> CheckpointSection:
+        if self.hf_every_steps and (not self.every_steps or self.hf_every_steps % self.every_steps):
+            raise ValueError(
+                f"checkpoint.hf_every_steps ({self.hf_every_steps}) must be a multiple of checkpoint.every_steps "
+                f"({self.every_steps}): the Hugging Face folder is written from that step's checkpoint"
+            )
+        return self
+
+
 class TrainConfig(_Section):
     """A whole training run: the sections of CONFIG.toml."""
 
@@ -139,6 +165,7 @@ class TrainConfig(_Section):
     loss: LossSection = LossSection()
     parallel: ParallelSection = ParallelSection()
     trace: TraceSection = TraceSection()
+    checkpoint: CheckpointSection = CheckpointSection()
 
 
 # Keys holding paths, as (section, key); data.sources[*].path is handled beside them.
@@ -172,7 +199,7 @@ def missing_paths(config: TrainConfig) -> list[str]:
 
 def to_toml(config: TrainConfig) -> str:
     """The resolved configuration as TOML text (every key, defaults included), readable by load_train_config."""
-    data = config.model_dump(mode="json", exclude_none=True)
+    data = config.model_dump(mode="json", exclude_none=True, by_alias=True)
     lines = ["# Resolved configuration of this run, written by xtrain train (every default filled in)."]
     for section, values in data.items():
         tables = {key: value for key, value in values.items() if _is_table_list(value)}
@@ -274,7 +301,7 @@ def _valid_keys(model: type[BaseModel], location: list[Any]) -> list[str]:
             return []
         current = _model_inside(field.annotation)
     if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
+        return [info.alias or name for name, info in current.model_fields.items()]  # as spelt in TOML
     return []
 
 

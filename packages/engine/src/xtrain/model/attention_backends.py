@@ -102,11 +102,32 @@ def resolve_attention(requested: str, device_type: str, dtype: torch.dtype) -> A
 
 def attention_function(backend: str) -> AttentionFunction:
     functions: dict[str, AttentionFunction] = {
-        "flash_attn": _flash_attn_varlen,
-        "torch_varlen": _torch_varlen,
+        "flash_attn": _with_value_padding(_flash_attn_varlen),
+        "torch_varlen": _with_value_padding(_torch_varlen),
         "sdpa": sdpa_per_document,
     }
     return functions[backend]
+
+
+def _with_value_padding(kernel: AttentionFunction) -> AttentionFunction:
+    """Let a varlen kernel take values narrower or wider than the query-key heads (multi-head latent attention).
+
+    flash-attn 2's varlen kernel requires one head dimension for q, k and v; so values are zero-padded to the
+    query-key width (or queries and keys to the value width when values are wider; zero columns add nothing to
+    q·k) and the output is cut back to the value width: exact, at the cost of attention over the padded width.
+    SDPA takes different widths as they are and needs none of this.
+    """
+
+    def padded(q_THd: Tensor, k_TKd: Tensor, v_TKv: Tensor, docs: PackedDocuments, scale: float) -> Tensor:
+        d_qk, d_v = q_THd.shape[-1], v_TKv.shape[-1]
+        if d_qk == d_v:
+            return kernel(q_THd, k_TKd, v_TKv, docs, scale)
+        width = max(d_qk, d_v)
+        q_THd, k_TKd = (torch.nn.functional.pad(t, (0, width - d_qk)) for t in (q_THd, k_TKd))
+        out = kernel(q_THd, k_TKd, torch.nn.functional.pad(v_TKv, (0, width - d_v)), docs, scale)
+        return out[..., :d_v]
+
+    return padded
 
 
 def _flash_attn_varlen(q_THd: Tensor, k_TKd: Tensor, v_TKd: Tensor, docs: PackedDocuments, scale: float) -> Tensor:

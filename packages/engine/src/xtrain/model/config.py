@@ -1,23 +1,39 @@
-"""The typed configuration of the decoder (dense Qwen3 or Qwen3-MoE), and its mapping from/to HF config.json.
+"""The typed configuration of the decoder, and its mapping from/to HF config.json.
 
-Unknown fields are rejected (pydantic ``extra="forbid"``). :meth:`ModelConfig.from_hf_config` reads the
-``config.json`` of a ``Qwen3ForCausalLM`` or ``Qwen3MoeForCausalLM`` checkpoint and refuses, with a message,
-the features this model does not implement (sliding windows, scaled RoPE, other activations), so a checkpoint
-is never loaded into a model that would compute something else.
+Families: Qwen3 (dense and MoE), DeepSeek-V3 (multi-head latent attention, sigmoid group-limited MoE; Kimi K2 has
+the same architecture) and GPT-OSS (sliding-window and full layers, attention sinks, biased experts). Unknown
+fields are rejected (pydantic ``extra="forbid"``). :meth:`ModelConfig.from_hf_config` reads the ``config.json``
+of a ``Qwen3ForCausalLM``, ``Qwen3MoeForCausalLM``, ``DeepseekV3ForCausalLM`` or ``GptOssForCausalLM`` checkpoint
+and refuses, with a message, the features this model does not implement (quantised weights, other activations,
+RoPE scalings other than YaRN, ...), so a checkpoint is never loaded into a model that would compute something
+else. The DeepSeek-V3 and GPT-OSS translations live in :mod:`xtrain.model.hf_config_families`.
 """
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from xtrain.errors import ConfigError
 from xtrain.model.attention_backends import AttentionBackendName
+from xtrain.model.mla import MLAConfig
 from xtrain.model.moe import MoEConfig
+from xtrain.model.rope import YarnScaling, yarn_softmax_scale
 
 HF_MOE_ARCHITECTURE = "Qwen3MoeForCausalLM"
 HF_DENSE_ARCHITECTURE = "Qwen3ForCausalLM"
-_HF_MODEL_TYPES = {HF_MOE_ARCHITECTURE: "qwen3_moe", HF_DENSE_ARCHITECTURE: "qwen3"}
+HF_DEEPSEEK_V3_ARCHITECTURE = "DeepseekV3ForCausalLM"
+HF_GPT_OSS_ARCHITECTURE = "GptOssForCausalLM"
+_HF_MODEL_TYPES = {
+    HF_MOE_ARCHITECTURE: "qwen3_moe",
+    HF_DENSE_ARCHITECTURE: "qwen3",
+    HF_DEEPSEEK_V3_ARCHITECTURE: "deepseek_v3",
+    HF_GPT_OSS_ARCHITECTURE: "gpt_oss",
+}
+# Kimi K2's config.json names its own model_type but the DeepSeek-V3 architecture.
+_EXTRA_MODEL_TYPES = {"kimi_k2": HF_DEEPSEEK_V3_ARCHITECTURE}
+ModelFamily = Literal["qwen3", "deepseek_v3", "gpt_oss"]
+LayerType = Literal["full_attention", "sliding_attention"]
 
 
 class ModelConfig(BaseModel):
@@ -59,6 +75,22 @@ class ModelConfig(BaseModel):
     """Layer i is an MoE layer when (i + 1) is a multiple of this, and i is not in ``mlp_only_layers``."""
     attention_backend: AttentionBackendName = "auto"
     """Attention kernel: "auto" picks flash_attn, then torch_varlen, then sdpa, by what can run."""
+    family: ModelFamily = "qwen3"
+    """Architecture family: "qwen3" (per-head q/k RMSNorm), "deepseek_v3" (multi-head latent attention, needs
+    ``mla``), "gpt_oss" (attention sinks, sliding-window layers, biased clamped-SwiGLU experts)."""
+    mla: MLAConfig | None = None
+    """Multi-head latent attention shapes (DeepSeek-V3 family only); ``head_dim`` is then its query-key width."""
+    rope_scaling: YarnScaling | None = None
+    """YaRN rotary scaling; None is plain RoPE."""
+    layer_types: tuple[LayerType, ...] = ()
+    """Per-layer attention kind (GPT-OSS ``layer_types``); empty means every layer attends fully."""
+    sliding_window: int | None = Field(default=None, gt=0)
+    """Keys a query of a "sliding_attention" layer sees, itself included (transformers' convention)."""
+    attention_sinks: bool = False
+    """One learned logit per head that joins every softmax and takes probability mass (GPT-OSS ``sinks``)."""
+    num_nextn_predict_layers: int = Field(default=0, ge=0)
+    """DeepSeek-V3's multi-token-prediction layers stored after the decoder; recorded, not built (their
+    checkpoint tensors are skipped on load, as transformers does)."""
     bos_token_id: int | None = None
     """Carried through for export to config.json; the model itself does not use it."""
     eos_token_id: int | tuple[int, ...] | None = None
@@ -76,7 +108,58 @@ class ModelConfig(BaseModel):
         bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_layers]
         if bad:
             raise ValueError(f"mlp_only_layers {bad} are outside 0..{self.num_layers - 1}")
+        if (self.family == "deepseek_v3") != (self.mla is not None):
+            raise ValueError("family 'deepseek_v3' and mla go together: set both or neither")
+        if self.mla is not None:
+            if self.head_dim != self.mla.qk_head_dim or self.num_kv_heads != self.num_attention_heads:
+                raise ValueError(
+                    f"with mla, head_dim must be qk_nope_head_dim + qk_rope_head_dim ({self.mla.qk_head_dim}) and "
+                    f"num_kv_heads must equal num_attention_heads ({self.num_attention_heads})"
+                )
+            if self.mla.qk_rope_head_dim % 2:
+                raise ValueError(f"qk_rope_head_dim must be even, got {self.mla.qk_rope_head_dim}")
+        if self.layer_types and len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+        if "sliding_attention" in self.layer_types and self.sliding_window is None:
+            raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
+        masked = self.attention_sinks or "sliding_attention" in self.layer_types
+        if masked and self.attention_backend in ("flash_attn", "torch_varlen"):
+            raise ValueError(
+                f"attention_backend={self.attention_backend!r} cannot compute attention sinks or sliding windows "
+                "here (they run on the per-document masked-softmax path): set attention_backend='auto' or 'sdpa'"
+            )
         return self
+
+    @property
+    def qk_norm(self) -> bool:
+        """Per-head RMSNorm of queries and keys (Qwen3 only)."""
+        return self.family == "qwen3"
+
+    @property
+    def rotary_dim(self) -> int:
+        """Width of the rotated part of a query-key head."""
+        return self.mla.qk_rope_head_dim if self.mla is not None else self.head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.mla.v_head_dim if self.mla is not None else self.head_dim
+
+    @property
+    def softmax_scale(self) -> float:
+        """Scale of the attention logits: head_dim^-0.5, with DeepSeek-V3's YaRN correction."""
+        scale: float = self.head_dim**-0.5
+        return scale * yarn_softmax_scale(self.rope_scaling) if self.family == "deepseek_v3" else scale
+
+    def layer_window(self, layer_index: int) -> int | None:
+        """The sliding window of layer ``layer_index``, or None when it attends to its whole document."""
+        if self.layer_types and self.layer_types[layer_index] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    @property
+    def masked_attention(self) -> bool:
+        """Whether attention needs the masked-softmax path (sinks or windows; see xtrain.model.document_masked)."""
+        return self.attention_sinks or "sliding_attention" in self.layer_types
 
     def is_moe_layer(self, layer_index: int) -> bool:
         """Whether layer ``layer_index`` holds a mixture of experts (the same rule as HF Qwen3-MoE)."""
@@ -92,12 +175,23 @@ class ModelConfig(BaseModel):
 
     @property
     def hf_architecture(self) -> str:
+        if self.family == "deepseek_v3":
+            return HF_DEEPSEEK_V3_ARCHITECTURE
+        if self.family == "gpt_oss":
+            return HF_GPT_OSS_ARCHITECTURE
         return HF_DENSE_ARCHITECTURE if self.moe is None else HF_MOE_ARCHITECTURE
 
     @classmethod
     def from_hf_config(cls, hf: Mapping[str, Any]) -> "ModelConfig":
-        """Translate a Qwen3Config / Qwen3MoeConfig dictionary (the content of config.json)."""
+        """Translate the content of a config.json of one of the supported architectures."""
+        from xtrain.model import hf_config_families  # noqa: PLC0415 (it imports this module)
+
         architecture = hf_architecture_of(hf)
+        reject_quantized(hf)
+        if architecture == HF_DEEPSEEK_V3_ARCHITECTURE:
+            return cls(**hf_config_families.deepseek_v3_fields(hf))
+        if architecture == HF_GPT_OSS_ARCHITECTURE:
+            return cls(**hf_config_families.gpt_oss_fields(hf))
         _reject_unsupported(hf)
         num_heads = int(hf["num_attention_heads"])
         kv_heads = hf.get("num_key_value_heads")
@@ -133,7 +227,13 @@ class ModelConfig(BaseModel):
             raise ConfigError(f"config.json lacks the field {missing.args[0]!r} that {architecture} needs") from None
 
     def to_hf_config(self) -> dict[str, Any]:
-        """The config.json content transformers reads back into an equivalent Qwen3 / Qwen3-MoE model."""
+        """The config.json content transformers reads back into an equivalent model."""
+        from xtrain.model import hf_config_families  # noqa: PLC0415 (it imports this module)
+
+        if self.family == "deepseek_v3":
+            return hf_config_families.deepseek_v3_to_hf(self)
+        if self.family == "gpt_oss":
+            return hf_config_families.gpt_oss_to_hf(self)
         architecture = self.hf_architecture
         hf: dict[str, Any] = {
             "architectures": [architecture],
@@ -183,8 +283,10 @@ def hf_architecture_of(hf: Mapping[str, Any]) -> str:
         for name, known_type in _HF_MODEL_TYPES.items():
             if model_type == known_type:
                 return name
+        if isinstance(model_type, str) and model_type in _EXTRA_MODEL_TYPES:
+            return _EXTRA_MODEL_TYPES[model_type]
     raise ConfigError(
-        f"architecture {architectures or model_type!r} is not supported; xtrain loads {' and '.join(supported)}"
+        f"architecture {architectures or model_type!r} is not supported; xtrain loads {', '.join(supported)}"
     )
 
 
@@ -215,6 +317,18 @@ def _rope_theta(hf: Mapping[str, Any]) -> float:
     if isinstance(params, Mapping) and "rope_theta" in params:
         return float(params["rope_theta"])
     return float(hf.get("rope_theta", 10000.0))
+
+
+def reject_quantized(hf: Mapping[str, Any]) -> None:
+    """Quantised checkpoints (GPT-OSS's MXFP4 experts, DeepSeek-V3's FP8 blocks) are refused by name."""
+    quantization = hf.get("quantization_config")
+    if quantization:
+        method = quantization.get("quant_method", "?") if isinstance(quantization, Mapping) else quantization
+        raise ConfigError(
+            f"config.json declares quantization_config with quant_method={method!r}: xtrain loads unquantised "
+            "weights (bf16, fp16 or fp32) only; use a dequantised checkpoint (for GPT-OSS the published *-BF16 "
+            "conversions, for DeepSeek-V3 and Kimi K2 a bf16 conversion of the FP8 weights)"
+        )
 
 
 def _reject_unsupported(hf: Mapping[str, Any]) -> None:

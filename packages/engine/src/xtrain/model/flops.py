@@ -2,16 +2,20 @@
 
 Convention (stated because MFU figures are only comparable under one): a training step costs
 
-    6 · N_active · T  +  12 · n_layers · H · d · Σ_docs L(L+1)/2
+    6 · N_active · T  +  Σ_layers 6 · H · (d_qk + d_v) · pairs(layer)
 
 - ``N_active``: the weights of every matrix multiplication one token goes through, per token: the q/k/v/o
   projections, the dense MLPs, the router and the top-k routed plus shared experts of each MoE layer, and the
   output projection. Embedding lookups, norms and biases are excluded (no matmul, or negligible). 6 = 2 FLOPs
   per multiply-add × 3 (forward, and a backward twice as costly).
-- Attention scores and their weighted sum (QKᵀ and P·V, 2·d FLOPs each per query-key pair and head forward,
-  ×3 for training) over the pairs a causal mask actually keeps, document by document: a packed row of documents
-  of lengths L_i costs Σ L_i(L_i+1)/2 pairs, not T²/2. Work that a kernel skips is not counted, so MFU is honest
-  about packing.
+- Attention scores and their weighted sum (QKᵀ costs 2·d_qk and P·V 2·d_v FLOPs per query-key pair and head
+  forward, ×3 for training; d_qk = d_v = head_dim except in multi-head latent attention, where d_qk is
+  qk_nope + qk_rope and d_v is v_head_dim) over the pairs a causal mask actually keeps, document by document: a
+  packed row of documents of lengths L_i costs Σ L_i(L_i+1)/2 pairs, not T²/2; a sliding-window layer of window
+  W keeps Σ_i min(i + 1, W) pairs per document. Work that a kernel skips is not counted, so MFU is honest about
+  packing. (MLA is counted as computed here and in transformers: keys and values expanded per head; the
+  latent "absorbed" form of inference kernels is not what training runs.) Sinks add one logit per query and
+  head: negligible, not counted.
 
 No recomputation (activation checkpointing) is counted: MFU counts the model's FLOPs, not the hardware's.
 """
@@ -27,17 +31,25 @@ def matmul_training_flops_per_token(config: ModelConfig) -> int:
     return 6 * count_parameters(config).active_matmul
 
 
-def causal_attention_pairs(doc_lengths: Sequence[int]) -> int:
-    """Number of (query, key) pairs a causal mask keeps, summed over the documents of a packed batch."""
+def causal_attention_pairs(doc_lengths: Sequence[int], window: int | None = None) -> int:
+    """Number of (query, key) pairs a causal mask keeps (within ``window`` keys, the query's own included, when
+    given), summed over the documents of a packed batch."""
     if any(length < 0 for length in doc_lengths):
         raise ValueError(f"document lengths must be non-negative, got {list(doc_lengths)}")
-    return sum(length * (length + 1) // 2 for length in doc_lengths)
+    if window is None:
+        return sum(length * (length + 1) // 2 for length in doc_lengths)
+    # The first W queries see 1..W keys, every later one exactly W.
+    return sum(
+        min(length, window) * (min(length, window) + 1) // 2 + max(length - window, 0) * window
+        for length in doc_lengths
+    )
 
 
 def attention_training_flops(config: ModelConfig, doc_lengths: Sequence[int]) -> int:
     """Training FLOPs of QKᵀ and P·V over all layers for documents of these lengths (causal, per document)."""
-    per_pair = 12 * config.num_layers * config.num_attention_heads * config.head_dim
-    return per_pair * causal_attention_pairs(doc_lengths)
+    per_pair = 6 * config.num_attention_heads * (config.head_dim + config.value_head_dim)
+    pairs = {window: causal_attention_pairs(doc_lengths, window) for window in {None, config.sliding_window}}
+    return per_pair * sum(pairs[config.layer_window(i)] for i in range(config.num_layers))
 
 
 def training_flops(config: ModelConfig, doc_lengths: Sequence[int]) -> int:

@@ -1,4 +1,5 @@
-"""Hugging Face checkpoint I/O for Qwen3ForCausalLM and Qwen3MoeForCausalLM folders.
+"""Hugging Face checkpoint I/O for Qwen3ForCausalLM, Qwen3MoeForCausalLM, DeepseekV3ForCausalLM (also Kimi K2)
+and GptOssForCausalLM folders.
 
 ``load_hf(path)`` reads config.json and model.safetensors (or the shards named by model.safetensors.index.json),
 builds the model on the meta device, materialises it empty, and fills it one shard at a time, so the host never
@@ -47,10 +48,7 @@ def dense_hf_keys(config: ModelConfig) -> dict[str, str]:
     keys = {"embed_tokens.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
     if not config.tie_word_embeddings:
         keys["lm_head.weight"] = "lm_head.weight"
-    attention_params = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"]
-    if config.attention_bias:
-        attention_params += ["q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias"]
-    attention_params += ["q_norm.weight", "k_norm.weight"]
+    attention_params = attention_param_names(config)
     for i in range(config.num_layers):
         ours, theirs = f"layers.{i}.", f"model.layers.{i}."
         keys[ours + "attention_norm.weight"] = theirs + "input_layernorm.weight"
@@ -61,6 +59,27 @@ def dense_hf_keys(config: ModelConfig) -> dict[str, str]:
             for name in ("gate_proj.weight", "up_proj.weight", "down_proj.weight"):
                 keys[ours + "mlp." + name] = theirs + "mlp." + name
     return keys
+
+
+def attention_param_names(config: ModelConfig) -> list[str]:
+    """Parameter names of one layer's attention, the same under ``attention.`` (xtrain) and ``self_attn.`` (HF)."""
+    if config.mla is not None:
+        biased = ["kv_a_proj_with_mqa", "o_proj"]
+        if config.mla.q_lora_rank is None:
+            names = ["q_proj.weight"]
+        else:
+            names = ["q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight"]
+            biased.append("q_a_proj")
+        names += ["kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight"]
+        return names + ([f"{name}.bias" for name in biased] if config.attention_bias else [])
+    names = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"]
+    if config.attention_bias:
+        names += ["q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias"]
+    if config.qk_norm:
+        names += ["q_norm.weight", "k_norm.weight"]
+    if config.attention_sinks:
+        names.append("sinks")
+    return names
 
 
 def moe_prefixes(config: ModelConfig) -> dict[str, str]:
@@ -106,7 +125,7 @@ def read_hf_config(path: str | Path) -> ModelConfig:
 
 
 def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Transformer:
-    """Load a local HF folder of Qwen3ForCausalLM or Qwen3MoeForCausalLM into a :class:`Transformer`.
+    """Load a local HF folder of one of the supported architectures into a :class:`Transformer`.
 
     Reads config.json (generation_config.json is ignored) and the safetensors weights; never goes to the
     network. Tensors are converted to ``dtype`` and placed on ``device``.
@@ -300,7 +319,20 @@ def _check_key_sets(folder: Path, key_files: Mapping[str, Path], config: ModelCo
 
 def _ignorable(key: str, config: ModelConfig) -> bool:
     # Tied checkpoints sometimes store the output projection anyway; it is the embedding, so skip it.
-    return key == "lm_head.weight" and config.tie_word_embeddings
+    if key == "lm_head.weight" and config.tie_word_embeddings:
+        return True
+    # DeepSeek-V3 checkpoints store their multi-token-prediction layers after the decoder's (model.layers.61.*);
+    # the model does not build them, and transformers skips them the same way.
+    return config.num_nextn_predict_layers > 0 and _layer_index(key) in range(
+        config.num_layers, config.num_layers + config.num_nextn_predict_layers
+    )
+
+
+def _layer_index(key: str) -> int | None:
+    parts = key.split(".")
+    if len(parts) > 2 and parts[0] == "model" and parts[1] == "layers" and parts[2].isdigit():
+        return int(parts[2])
+    return None
 
 
 def _unexpected(shard: Path, key: str, config: ModelConfig) -> str:

@@ -15,16 +15,20 @@ from torch import Tensor, nn
 class RMSNorm(nn.Module):
     """Root-mean-square norm over the last dimension, computed in fp32, then scaled by a learned weight."""
 
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, *, weight_before_cast: bool = False) -> None:
         super().__init__()
         self.eps = eps
+        self.weight_before_cast = weight_before_cast
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
         input_dtype = x.dtype
         x32 = x.to(torch.float32)
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        # The weight multiplies after the cast back, as in Qwen3 (matters in bf16).
+        if self.weight_before_cast:
+            # GPT-OSS multiplies in fp32 and casts the product (matters in bf16 only).
+            return (self.weight * normed).to(input_dtype)
+        # The weight multiplies after the cast back, as in Qwen3 and DeepSeek-V3 (matters in bf16).
         return self.weight * normed.to(input_dtype)
 
     def init_weights(self) -> None:

@@ -4,6 +4,8 @@
 - ``debug-dense``: the same without experts (a Qwen3 dense model).
 - ``qwen3-30b-a3b`` and ``qwen3-235b-a22b``: the shapes of the released Qwen/Qwen3-30B-A3B and
   Qwen/Qwen3-235B-A22B checkpoints (their config.json values), used for FLOP and memory estimates.
+- ``deepseek-v3-671b``, ``kimi-k2-1t``, ``gpt-oss-20b``, ``gpt-oss-120b``: the published DeepSeek-V3, Kimi K2 and
+  GPT-OSS shapes (:mod:`xtrain.model.family_sizes`).
 
 Counts are computed from the configuration alone (no tensors); a test checks them against the parameters of a
 model built on the meta device and against the published totals.
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 from xtrain.errors import ConfigError
 from xtrain.model.config import ModelConfig
+from xtrain.model.family_sizes import deepseek_v3_671b, gpt_oss_20b, gpt_oss_120b, kimi_k2_1t
 from xtrain.model.moe import MoEConfig
 
 
@@ -29,6 +32,15 @@ class ParameterCounts:
     active_matmul: int
     """Weights of the matrix multiplications one token goes through (the N of 6·N in :mod:`xtrain.model.flops`):
     active, minus embedding lookup, norms and biases, plus the output projection even when tied."""
+
+    @property
+    def active_without_input_embedding(self) -> int:
+        """Active parameters without the input embedding (a lookup, not compute): OpenAI's convention for the
+        GPT-OSS figures (3.6B / 5.1B). A tied embedding is the output projection as well and stays counted."""
+        return self.active - (self.embedding // 2 if self.embedding_untied else 0)
+
+    embedding_untied: bool = True
+    """Whether the output projection is a matrix of its own (``embedding`` then counts two matrices)."""
 
 
 def _debug() -> ModelConfig:
@@ -103,6 +115,10 @@ MODEL_SIZES: dict[str, Callable[[], ModelConfig]] = {
     "debug-dense": _debug_dense,
     "qwen3-30b-a3b": _qwen3_30b_a3b,
     "qwen3-235b-a22b": _qwen3_235b_a22b,
+    "deepseek-v3-671b": deepseek_v3_671b,
+    "kimi-k2-1t": kimi_k2_1t,
+    "gpt-oss-20b": gpt_oss_20b,
+    "gpt-oss-120b": gpt_oss_120b,
 }
 
 
@@ -116,38 +132,83 @@ def model_config(name: str) -> ModelConfig:
 
 def count_parameters(config: ModelConfig) -> ParameterCounts:
     d_model, vocab = config.hidden_size, config.vocab_size
-    q_width = config.num_attention_heads * config.head_dim
-    kv_width = config.num_kv_heads * config.head_dim
-    attention_matmul = d_model * q_width * 2 + d_model * kv_width * 2
-    attention_bias = (q_width + 2 * kv_width + d_model) if config.attention_bias else 0
-    per_layer_small = 2 * d_model + 2 * config.head_dim + attention_bias  # two norms, q/k norms, biases
+    attention_matmul, attention_small = _attention_parameters(config)
+    per_layer_small = 2 * d_model + attention_small  # two layer norms, plus attention's norms, biases, sinks
     dense_mlp = 3 * d_model * config.intermediate_size
 
     total = vocab * d_model + d_model  # embedding + final norm
     active_matmul = vocab * d_model  # output projection (tied or not)
     if not config.tie_word_embeddings:
         total += vocab * d_model
+    inactive = 0
     for i in range(config.num_layers):
         total += attention_matmul + per_layer_small
         active_matmul += attention_matmul
         if config.is_moe_layer(i):
             assert config.moe is not None
-            routed_total, routed_active, shared, router = _moe_parameters(d_model, config.moe)
-            total += routed_total + shared + router
-            active_matmul += routed_active + shared + router
+            moe = _moe_parameters(d_model, config.moe)
+            total += moe.routed_total + moe.shared + moe.router + moe.router_bias
+            active_matmul += moe.routed_active_matmul + moe.shared + moe.router
+            inactive += moe.routed_inactive
         else:
             total += dense_mlp
             active_matmul += dense_mlp
-    inactive = 0
-    if config.moe is not None:
-        routed_total, routed_active, _, _ = _moe_parameters(d_model, config.moe)
-        inactive = len(config.moe_layer_indices) * (routed_total - routed_active)
     embedding = vocab * d_model * (1 if config.tie_word_embeddings else 2)
-    return ParameterCounts(total=total, active=total - inactive, embedding=embedding, active_matmul=active_matmul)
+    return ParameterCounts(
+        total=total,
+        active=total - inactive,
+        embedding=embedding,
+        active_matmul=active_matmul,
+        embedding_untied=not config.tie_word_embeddings,
+    )
 
 
-def _moe_parameters(d_model: int, moe: MoEConfig) -> tuple[int, int, int, int]:
-    """(routed experts total, routed experts active per token, shared experts, router) of one MoE layer."""
-    per_expert = 3 * d_model * moe.moe_intermediate_size
-    shared = 3 * d_model * moe.shared_intermediate_size
-    return moe.num_experts * per_expert, moe.num_experts_per_tok * per_expert, shared, moe.num_experts * d_model
+def _attention_parameters(config: ModelConfig) -> tuple[int, int]:
+    """(matmul weights, everything else: norms, biases, sinks) of one layer's attention."""
+    d_model, heads = config.hidden_size, config.num_attention_heads
+    mla = config.mla
+    if mla is not None:
+        c, r, n, v = mla.kv_lora_rank, mla.qk_rope_head_dim, mla.qk_nope_head_dim, mla.v_head_dim
+        d_qk = mla.qk_head_dim
+        if mla.q_lora_rank is None:
+            query, query_small, query_bias = d_model * heads * d_qk, 0, 0
+        else:
+            q = mla.q_lora_rank
+            query, query_small, query_bias = d_model * q + q * heads * d_qk, q, q
+        matmul = query + d_model * (c + r) + c * heads * (n + v) + heads * v * d_model
+        bias = (query_bias + c + r + d_model) if config.attention_bias else 0
+        return matmul, query_small + c + bias
+    q_width = heads * config.head_dim
+    kv_width = config.num_kv_heads * config.head_dim
+    matmul = d_model * q_width * 2 + d_model * kv_width * 2
+    small = (q_width + 2 * kv_width + d_model) if config.attention_bias else 0
+    if config.qk_norm:
+        small += 2 * config.head_dim
+    if config.attention_sinks:
+        small += heads
+    return matmul, small
+
+
+@dataclass(frozen=True)
+class _MoEParameters:
+    routed_total: int
+    routed_active_matmul: int
+    routed_inactive: int
+    shared: int
+    router: int
+    router_bias: int
+
+
+def _moe_parameters(d_model: int, moe: MoEConfig) -> _MoEParameters:
+    """Parameter counts of one MoE layer."""
+    f = moe.moe_intermediate_size
+    expert_matmul = 3 * d_model * f
+    expert = expert_matmul + ((2 * f + d_model) if moe.expert_bias else 0)
+    return _MoEParameters(
+        routed_total=moe.num_experts * expert,
+        routed_active_matmul=moe.num_experts_per_tok * expert_matmul,
+        routed_inactive=(moe.num_experts - moe.num_experts_per_tok) * expert,
+        shared=3 * d_model * moe.shared_intermediate_size,
+        router=moe.num_experts * d_model,
+        router_bias=moe.num_experts if moe.router_bias else 0,
+    )

@@ -1,4 +1,4 @@
-"""The decoder-only transformer (Qwen3 and Qwen3-MoE), on one packed row of documents.
+"""The decoder-only transformer (Qwen3, Qwen3-MoE, DeepSeek-V3, GPT-OSS), on one packed row of documents.
 
 Shape legend: T tokens of the packed row, D hidden size, V vocabulary size.
 
@@ -35,8 +35,10 @@ from xtrain.model.attention_backends import (
 )
 from xtrain.model.config import ModelConfig
 from xtrain.model.documents import PackedDocuments
-from xtrain.model.layers import RMSNorm, SwiGLUMLP, rotary_cos_sin
+from xtrain.model.layers import RMSNorm, SwiGLUMLP
+from xtrain.model.mla import MLAttention
 from xtrain.model.moe import MoEBlock, RouterStats
+from xtrain.model.rope import rotary_tables
 
 HeadOutput = TypeVar("HeadOutput")
 
@@ -56,16 +58,29 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_index: int) -> None:
         super().__init__()
         self.layer_index = layer_index
-        self.attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.attention = Attention(
-            hidden_size=config.hidden_size,
-            num_heads=config.num_attention_heads,
-            num_kv_heads=config.num_kv_heads,
-            head_dim=config.head_dim,
-            rms_norm_eps=config.rms_norm_eps,
-            bias=config.attention_bias,
-        )
-        self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attention_norm = _norm(config)
+        self.attention: Attention | MLAttention
+        if config.mla is not None:
+            self.attention = MLAttention(
+                hidden_size=config.hidden_size,
+                num_heads=config.num_attention_heads,
+                mla=config.mla,
+                bias=config.attention_bias,
+                softmax_scale=config.softmax_scale,
+            )
+        else:
+            self.attention = Attention(
+                hidden_size=config.hidden_size,
+                num_heads=config.num_attention_heads,
+                num_kv_heads=config.num_kv_heads,
+                head_dim=config.head_dim,
+                rms_norm_eps=config.rms_norm_eps,
+                bias=config.attention_bias,
+                qk_norm=config.qk_norm,
+                sinks=config.attention_sinks,
+                window=config.layer_window(layer_index),
+            )
+        self.ffn_norm = _norm(config)
         self.mlp: SwiGLUMLP | None = None
         self.moe: MoEBlock | None = None
         if config.is_moe_layer(layer_index):
@@ -106,7 +121,7 @@ class Transformer(nn.Module):
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.num_layers)])
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = _norm(config)
         # Tied: the output projection is the embedding matrix itself, so there is no lm_head module at all.
         self.lm_head = (
             None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -120,7 +135,11 @@ class Transformer(nn.Module):
     @property
     def attention_backend(self) -> str:
         """The attention kernel the model uses where its parameters are now (raises if the configured one
-        cannot run there)."""
+        cannot run there); "masked_softmax" for models with attention sinks, which every layer computes on the
+        path of xtrain.model.document_masked (sliding-window layers without sinks too; full layers without sinks
+        use the backend named here)."""
+        if self.config.attention_sinks:
+            return "masked_softmax"
         weight = self.embed_tokens.weight
         return _resolve_backend(self.config.attention_backend, weight.device, weight.dtype)
 
@@ -155,7 +174,8 @@ class Transformer(nn.Module):
             docs = PackedDocuments.from_cu_seqlens(cu_seqlens, ids_T.shape[0], ids_T.device)
         x_TD = self.embed_tokens(ids_T)
         attend = resolve_attention(self.config.attention_backend, x_TD.device.type, x_TD.dtype)
-        rotary = rotary_cos_sin(docs.position_ids, self.config.head_dim, self.config.rope_theta, x_TD.dtype)
+        config = self.config
+        rotary = rotary_tables(docs.position_ids, config.rotary_dim, config.rope_theta, config.rope_scaling, x_TD.dtype)
         router_stats: list[RouterStats] = []
         for layer in self.layers:
             x_TD, stats = layer(x_TD, rotary, docs, attend)
@@ -234,6 +254,10 @@ class Transformer(nn.Module):
             seed = int(torch.randint(0, 2**62, (1,)).item())
         for name in self.init_part_names():
             self.init_part(name, seed)
+
+
+def _norm(config: ModelConfig) -> RMSNorm:
+    return RMSNorm(config.hidden_size, config.rms_norm_eps, weight_before_cast=config.family == "gpt_oss")
 
 
 def _part_seed(seed: int, index: int) -> int:

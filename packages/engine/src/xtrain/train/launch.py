@@ -65,14 +65,14 @@ def check_world_size(config: TrainConfig, world_size: int) -> None:
         )
 
 
-def check_resume(resume: str) -> None:
-    """``--resume``: ``auto`` and ``none`` start a new run while no checkpoint can exist; a path cannot be honoured
-    until xtrain writes checkpoints."""
-    if resume not in {"auto", "none"}:
-        raise ConfigError(
-            f"--resume {resume}: this version of xtrain writes no checkpoints, so there is nothing to resume from; "
-            "use --resume none (or auto) to start a new run"
-        )
+def check_resume(resume: str, run_dir: Path, config: TrainConfig) -> None:
+    """``--resume auto|PATH|none`` against the run directory and the model, before any process starts: a path
+    that is not a checkpoint, an incomplete one or one of another model is a CheckpointError naming it. The ranks
+    decide again (under torchrun nothing ran this), and log the warnings."""
+    from xtrain.train.checkpoint.resume import decide  # noqa: PLC0415 (torch: only once a config is valid)
+    from xtrain.train.trainer import resolve_model_config  # noqa: PLC0415
+
+    decide(resume, run_dir, resolve_model_config(config))
 
 
 def launch_torchrun(config_path: Path, run_dir: Path, overrides: tuple[str, ...], resume: str, nproc: int) -> int:

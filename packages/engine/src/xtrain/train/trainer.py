@@ -28,7 +28,7 @@ from deeptrace.spans import Category
 from xtrain import __version__
 from xtrain.config import TrainConfig, to_toml
 from xtrain.data import PackStream, prepare_corpus
-from xtrain.errors import ConfigError, TrainingStoppedError
+from xtrain.errors import TrainingStoppedError
 from xtrain.loss import auto_chunk_tokens
 from xtrain.model.config import ModelConfig
 from xtrain.model.flops import training_flops_per_token
@@ -40,6 +40,9 @@ from xtrain.parallel.distributed import Distributed, barrier, close_distributed,
 from xtrain.parallel.fsdp import apply_fsdp
 from xtrain.parallel.materialize import materialize
 from xtrain.parallel.mesh import data_parallel_mesh
+from xtrain.train.checkpoint.locate import ResumePoint
+from xtrain.train.checkpoint.resume import decide_on_all_ranks, restore
+from xtrain.train.checkpoint.saver import Checkpointer
 from xtrain.train.launch import check_world_size
 from xtrain.train.metrics import device_peak_flops, memory_figures, mfu
 from xtrain.train.optimizer import build_optimizer
@@ -99,40 +102,39 @@ def loss_settings(
     return LossSettings(chunk_tokens=chunk, aux_loss_coef=aux, z_loss_coef=z, max_grad_norm=config.optim.max_grad_norm)
 
 
-def check_fresh_run_dir(run_dir: Path) -> None:
-    """A new run never appends to another run's metrics."""
-    if layout.metrics_path(run_dir).exists():
-        raise ConfigError(
-            f"run directory {run_dir} already holds a run (metrics.jsonl) and this version of xtrain writes no "
-            "checkpoints to continue it from: choose another --run-dir, or remove this one"
-        )
-
-
 def train(
-    config: TrainConfig, run_dir: Path, *, finish: Callable[[Transformer], Finished] | None = None
+    config: TrainConfig,
+    run_dir: Path,
+    *,
+    resume: str = "auto",
+    finish: Callable[[Transformer], Finished] | None = None,
 ) -> Finished | None:
     """Run the whole training job in this process (one rank of it).
 
-    ``finish``, when given, is called on every rank with the trained (sharded) model while the process group is
-    still up (it may run collectives, e.g. gather the full weights); its result is returned."""
+    ``resume``: ``auto`` (the newest complete checkpoint of ``run_dir``, else step 0), a checkpoint path, or
+    ``none`` (step 0, in a run directory that holds no run). ``finish``, when given, is called on every rank
+    with the trained (sharded) model while the process group is still up (it may run collectives, e.g. gather
+    the full weights); its result is returned."""
     dist_ctx = init_distributed()
     try:
-        model = _train(config, run_dir, dist_ctx)
+        model = _train(config, run_dir, dist_ctx, resume)
         return finish(model) if finish is not None else None
     finally:
         close_distributed()
 
 
-def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed) -> Transformer:
-    check_fresh_run_dir(run_dir)
-    barrier()  # every rank checked before rank 0 writes the first file
+def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed, resume: str) -> Transformer:
     world = dist_ctx.world_size
     check_world_size(config, world)
+    # Which checkpoint, checked against the model, before any file is written (a bad one overwrites nothing).
+    decision = decide_on_all_ranks(resume, run_dir, resolve_model_config(config), dist_ctx.rank)
     writer = RunWriter(run_dir, dist_ctx.rank, world)
     _setup_logging(run_dir, dist_ctx.rank)
+    for warning in decision.warnings:
+        log.warning("%s", warning)
     collector = Collector(run_dir, dist_ctx.rank, world, trace=config.trace.enabled)
     try:
-        model = _run(config, run_dir, dist_ctx, writer, collector)
+        model = _run(config, run_dir, dist_ctx, writer, collector, resume_from=decision.point)
     except BaseException as error:
         collector.close("crashed", error=f"{type(error).__name__}: {error}")
         raise
@@ -144,7 +146,13 @@ def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed) -> Transfo
 
 
 def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
-    config: TrainConfig, run_dir: Path, dist_ctx: Distributed, writer: RunWriter, collector: Collector
+    config: TrainConfig,
+    run_dir: Path,
+    dist_ctx: Distributed,
+    writer: RunWriter,
+    collector: Collector,
+    *,
+    resume_from: ResumePoint | None,
 ) -> Transformer:
     started = time.perf_counter()
     model_cfg = resolve_model_config(config)
@@ -159,9 +167,31 @@ def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
         config.data, rank=dist_ctx.rank, world_size=dist_ctx.world_size, barrier=barrier, log=log.info
     )
     stream = PackStream(corpus, config.data.pack_tokens, seed=config.train.seed)
+    start_step = skipped_total = skipped_in_a_row = 0
+    resumed_fields: dict[str, Any] = {}
+    if resume_from is not None:
+        saved = restore(resume_from, model, optimizer, scheduler, stream, rank=dist_ctx.rank, device=dist_ctx.device)
+        start_step = resume_from.step
+        skipped_total, skipped_in_a_row = int(saved["skipped_steps"]), int(saved["skipped_in_a_row"])
+        resumed_fields = {
+            "resumed_from_step": start_step,
+            "resumed_from": str(resume_from.folder),
+            "resumed_from_world_size": resume_from.manifest.world_size,
+        }
+        log.info(
+            "resumed from %s at step %d (saved by %d processes, now %d)",
+            resume_from.folder,
+            start_step,
+            resume_from.manifest.world_size,
+            dist_ctx.world_size,
+        )
+    elif layout.metrics_path(run_dir).exists():
+        # --resume auto over a run that never completed a checkpoint: it starts over, and says so.
+        resumed_fields = {"resumed_from_step": 0, "resumed_from": None}
     peak = device_peak_flops(dist_ctx.device, dtype)
+    config_toml = to_toml(config)
     if dist_ctx.is_main:
-        writer.write_config_toml(to_toml(config))
+        writer.write_config_toml(config_toml)
         writer.write_meta(
             versions={"torch": torch.__version__, "xtrain": __version__},
             model_flops_per_token=training_flops_per_token(model_cfg, [config.data.pack_tokens]),
@@ -174,8 +204,21 @@ def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
                 "max_steps": config.train.max_steps,
                 "global_batch": config.train.global_batch,
                 "pack_tokens": config.data.pack_tokens,
+                "start_step": start_step,
             },
         )
+    checkpointer = Checkpointer(
+        config.checkpoint,
+        run_dir,
+        rank=dist_ctx.rank,
+        world_size=dist_ctx.world_size,
+        replicate=config.parallel.replicate,
+        device=dist_ctx.device,
+        max_steps=config.train.max_steps,
+        config_toml=config_toml,
+        model_config=model_cfg.model_dump(mode="json"),
+        collector=collector,
+    )
     log.info(
         "rank %d/%d on %s: model %s, %s, chunk %d tokens, set up in %.1f s",
         dist_ctx.rank,
@@ -186,13 +229,14 @@ def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
         settings.chunk_tokens,
         time.perf_counter() - started,
     )
+    if start_step >= config.train.max_steps:
+        log.info("nothing to train: the checkpoint is at step %d of %d", start_step, config.train.max_steps)
 
     per_rank = config.train.global_batch // dist_ctx.world_size
     progress = ProgressLine(config.train.max_steps, enabled=dist_ctx.is_main)
-    skipped_total = skipped_in_a_row = 0
     train_started = time.perf_counter()
     with progress, _profiler(config, run_dir, dist_ctx) as profiler:
-        for step in range(1, config.train.max_steps + 1):
+        for step in range(start_step + 1, config.train.max_steps + 1):
             collector.step_begin(step)
             step_started = time.perf_counter()
             with collector.span("data", Category.DATA):
@@ -212,11 +256,21 @@ def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
             )
             scheduler.step()
             step_time = time.perf_counter() - step_started
+            skipped_total += result.skipped
+            skipped_in_a_row = skipped_in_a_row + 1 if result.skipped else 0
+            checkpoint_fields: dict[str, Any] = {}
+            checkpointer.poll()
+            if checkpointer.due(step):
+                train_state = {
+                    "scheduler": scheduler.state_dict(),
+                    "data": stream.state_dict(),
+                    "skipped_steps": skipped_total,
+                    "skipped_in_a_row": skipped_in_a_row,
+                }
+                checkpoint_fields["checkpoint_stall_s"] = checkpointer.save(step, model, optimizer, train_state)
             collector.step_end(step)
             if profiler is not None:
                 profiler.step()
-            skipped_total += result.skipped
-            skipped_in_a_row = skipped_in_a_row + 1 if result.skipped else 0
 
             tokens = sum(len(pack.input_ids) for pack in packs)
             tokens_per_s = tokens / step_time
@@ -227,6 +281,8 @@ def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
                 step_time_s=step_time,
                 data_wait_s=data_wait,
                 tokens=sum(len(pack.input_ids) for pack in mine),
+                pack_ids=[pack.pack_id for pack in mine],
+                **checkpoint_fields,
                 **memory_figures(dist_ctx.device),
             )
             if dist_ctx.is_main:
@@ -244,7 +300,10 @@ def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
                     "step_time_s": step_time,
                     "wall_s": time.perf_counter() - started,
                     "max_steps": config.train.max_steps,
+                    **checkpoint_fields,
+                    **resumed_fields,  # the first record after a resume says where it came from
                 }
+                resumed_fields = {}
                 utilisation = mfu(flops_per_token, tokens_per_s / dist_ctx.world_size, peak)
                 if utilisation is not None:
                     fields["mfu"] = utilisation
@@ -252,7 +311,8 @@ def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
                     fields["skipped"] = True
                 writer.append_metrics(step, **fields)
                 elapsed = time.perf_counter() - train_started
-                progress.update(step, result.loss, tokens_per_s, eta_s=elapsed / step * (config.train.max_steps - step))
+                done = step - start_step
+                progress.update(step, result.loss, tokens_per_s, eta_s=elapsed / done * (config.train.max_steps - step))
             if result.skipped:
                 log.warning(
                     "step %d skipped: loss %s, gradient norm %s (not finite)", step, result.loss, result.grad_norm
@@ -263,7 +323,10 @@ def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
                     f"finite (train.max_skipped_steps_in_a_row = {config.train.max_skipped_steps_in_a_row}); "
                     "lower optim.lr or check the data"
                 )
-    log.info("trained %d steps in %.1f s", config.train.max_steps, time.perf_counter() - train_started)
+    checkpointer.close()
+    log.info(
+        "trained steps %d to %d in %.1f s", start_step + 1, config.train.max_steps, time.perf_counter() - train_started
+    )
     return model
 
 

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from xtrain.model.layers import SwiGLUMLP
+from xtrain.model.moe.biased_experts import BiasedExperts
 from xtrain.model.moe.config import MoEConfig
 from xtrain.model.moe.experts import GroupedExperts
 from xtrain.model.moe.router import Router
@@ -33,8 +34,9 @@ class RouterStats:
 class MoEBlock(nn.Module):
     """Mixture-of-Experts feed-forward block over a flat token batch x [T, D].
 
-    Submodules: `router` (weight [E, D]; buffer `e_score_correction_bias` [E] for the sigmoid router),
-    `experts` (`gate_up_proj` [E, 2F, D], `down_proj` [E, D, F]), `shared_experts` (SwiGLU, optional).
+    Submodules: `router` (weight [E, D]; buffer `e_score_correction_bias` [E] for the sigmoid router; `bias` [E]
+    for GPT-OSS's), `experts` (`gate_up_proj` [E, 2F, D], `down_proj` [E, D, F]; with `expert_bias` also
+    `gate_up_proj_bias` [E, 2F] and `down_proj_bias` [E, D]), `shared_experts` (SwiGLU, optional).
     """
 
     def __init__(self, hidden_size: int, config: MoEConfig) -> None:
@@ -42,7 +44,10 @@ class MoEBlock(nn.Module):
         self.hidden_size = hidden_size
         self.config = config
         self.router = Router(hidden_size, config)
-        self.experts = GroupedExperts(hidden_size, config)
+        biased = config.expert_bias or config.expert_activation != "swiglu"
+        self.experts: GroupedExperts | BiasedExperts = (
+            BiasedExperts(hidden_size, config) if biased else GroupedExperts(hidden_size, config)
+        )
         self.shared_experts = (
             # The shared experts are fused into one dense SwiGLU MLP, as DeepSeek-V3 stores them.
             SwiGLUMLP(hidden_size, config.shared_intermediate_size) if config.num_shared_experts > 0 else None
@@ -82,5 +87,10 @@ class MoEBlock(nn.Module):
             weights += list(self.shared_experts.parameters())
         for w in weights:
             nn.init.normal_(w, mean=0.0, std=std, generator=generator)
+        if isinstance(self.experts, BiasedExperts):
+            nn.init.zeros_(self.experts.gate_up_proj_bias)
+            nn.init.zeros_(self.experts.down_proj_bias)
+        if self.router.bias is not None:
+            nn.init.zeros_(self.router.bias)
         if self.router.e_score_correction_bias is not None:
             self.router.e_score_correction_bias.zero_()

@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-RouterKind = Literal["softmax_topk", "sigmoid_group_limited"]
+RouterKind = Literal["softmax_topk", "sigmoid_group_limited", "topk_softmax"]
+ExpertActivation = Literal["swiglu", "clamped_swiglu"]
 ExpertsImpl = Literal["auto", "grouped_mm", "loop", "cpu_fused"]
 
 
@@ -38,8 +39,25 @@ class MoEConfig(BaseModel):
     """Renormalise the k selected routing weights to sum to one (Qwen3-MoE `norm_topk_prob`)."""
 
     router: RouterKind = "softmax_topk"
-    """`softmax_topk` (Qwen3-MoE) or `sigmoid_group_limited` (DeepSeek-V3 `noaux_tc`: sigmoid scores, top groups
-    by the sum of their two best biased scores, then top-k inside those groups)."""
+    """`softmax_topk` (Qwen3-MoE), `sigmoid_group_limited` (DeepSeek-V3 `noaux_tc`: sigmoid scores, top groups
+    by the sum of their two best biased scores, then top-k inside those groups), or `topk_softmax` (GPT-OSS:
+    top-k of the logits, then a softmax over the k selected)."""
+
+    router_bias: bool = False
+    """A learned bias on the router logits (GPT-OSS `router.bias`)."""
+
+    expert_bias: bool = False
+    """Biases on each expert's gate/up and down projections (GPT-OSS); computed by `BiasedExperts`."""
+
+    expert_activation: ExpertActivation = "swiglu"
+    """`swiglu`: silu(gate) * up. `clamped_swiglu` (GPT-OSS): gate clamped above at `swiglu_limit`, up clamped
+    to ±`swiglu_limit`, then (up + 1) * gate * sigmoid(`swiglu_alpha` * gate)."""
+
+    swiglu_alpha: float = 1.702
+    """Slope inside the sigmoid of the clamped SwiGLU."""
+
+    swiglu_limit: float = Field(default=7.0, gt=0)
+    """Clamp limit of the clamped SwiGLU."""
 
     n_group: int = Field(default=1, gt=0)
     """Number of expert groups for the group-limited router (1: no group limit)."""
@@ -103,6 +121,11 @@ class MoEConfig(BaseModel):
                 )
         elif self.n_group != 1 or self.topk_group != 1:
             raise ValueError("n_group/topk_group apply to router='sigmoid_group_limited' only: leave them at 1")
+        if (self.expert_bias or self.expert_activation != "swiglu") != (self.router == "topk_softmax"):
+            raise ValueError(
+                "expert biases and the clamped SwiGLU come with the GPT-OSS router (router='topk_softmax'): "
+                "set all three or none"
+            )
         if self.shared_expert_intermediate_size is not None and self.num_shared_experts == 0:
             raise ValueError("shared_expert_intermediate_size is set but num_shared_experts=0: set both or neither")
         return self

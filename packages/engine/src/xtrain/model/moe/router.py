@@ -40,6 +40,7 @@ class Router(nn.Module):
         super().__init__()
         self.config = config
         self.weight = nn.Parameter(torch.empty(config.num_experts, hidden_size))
+        self.bias = nn.Parameter(torch.empty(config.num_experts)) if config.router_bias else None
         if config.router == "sigmoid_group_limited":
             self.register_buffer("e_score_correction_bias", torch.zeros(config.num_experts, dtype=torch.float32))
         else:
@@ -65,7 +66,24 @@ class Router(nn.Module):
         """Route x [T, D]."""
         if self.config.router == "softmax_topk":
             return self._softmax_topk(x)
+        if self.config.router == "topk_softmax":
+            return self._topk_softmax(x)
         return self._sigmoid_group_limited(x)
+
+    def _topk_softmax(self, x: torch.Tensor) -> Routing:
+        # GPT-OSS: logits (with bias) in the input dtype, top-k of the logits, softmax over the k selected
+        # in that same dtype, as transformers' GptOssTopKRouter computes it.
+        logits_TE = F.linear(x, self.weight, self.bias)
+        top_TK, experts_TK = torch.topk(logits_TE, self.config.num_experts_per_tok, dim=-1)
+        weights_TK = torch.softmax(top_TK, dim=-1)
+        logits32_TE = logits_TE.float()
+        return Routing(
+            weights=weights_TK * self.config.routed_scaling_factor,
+            experts=experts_TK,
+            # The balance statistic is the full softmax, as in transformers' load_balancing_loss_func.
+            router_prob_sum=torch.softmax(logits32_TE, dim=-1).sum(dim=0),
+            z_loss_sum=torch.logsumexp(logits32_TE, dim=-1).square().sum(),
+        )
 
     def _softmax_topk(self, x: torch.Tensor) -> Routing:
         k = self.config.num_experts_per_tok
