@@ -11,8 +11,12 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
+
+# The state-dict copy helpers DCP's own stagers use (private, present from torch 2.4 to 2.14).
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
@@ -25,13 +29,22 @@ class CheckpointWriter(FileSystemWriter):
     """One file per rank, each fsynced (``sync_files``) before the coordinator writes the metadata.
 
     One writer serves every save of a run (DCP points it at each step's folder through ``checkpoint_id``), so an
-    asynchronous save reuses the host-memory copy of the previous one (``cache_staged_state_dict``): staging is
-    then a copy into memory already there, not an allocation of the whole state and its page faults. DCP's
-    cache pins that memory, which needs CUDA: on a CPU-only machine each save allocates its copy afresh."""
+    asynchronous save reuses the host-memory copy of the previous one: staging is then a copy into memory already
+    there, not an allocation of the whole state and its page faults (tools/bench/checkpoint.py on CPU: the loop's
+    stall per save fell from about 2.6 s to 0.3-0.4 s for a 1.2 GB checkpoint). DCP's own cache
+    (``cache_staged_state_dict``) pins that memory, which needs CUDA, so the cache is kept here: pinned on CUDA
+    machines (faster device-to-host copies), plain elsewhere. Reusing it is safe because at most one save is in
+    flight: the saver waits for the previous write before it stages the next state into the same buffers."""
 
     def __init__(self, folder: Path) -> None:
-        cache = torch.cuda.is_available()
-        super().__init__(folder, single_file_per_rank=True, sync_files=True, cache_staged_state_dict=cache)
+        super().__init__(folder, single_file_per_rank=True, sync_files=True)
+        self._host_copy: dict[str, Any] | None = None
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        self.per_thread_copy_ahead = 0  # what DCP's writer does when staging: the copy is already in host memory
+        if self._host_copy is None:
+            self._host_copy = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+        return _copy_state_dict(state_dict, self._host_copy)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         written = super().write_data(plan, planner)
