@@ -163,10 +163,12 @@ def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
     optimizer = build_optimizer(model, config.optim, dist_ctx.device)
     scheduler = build_scheduler(optimizer, config.optim, config.train.max_steps)
 
-    corpus = prepare_corpus(
-        config.data, rank=dist_ctx.rank, world_size=dist_ctx.world_size, barrier=barrier, log=log.info
-    )
-    stream = PackStream(corpus, config.data.pack_tokens, seed=config.train.seed)
+    # Tokenising a large corpus takes long with no step or collective ending: announced, so watchers wait.
+    with collector.phase("data_prep"):
+        corpus = prepare_corpus(
+            config.data, rank=dist_ctx.rank, world_size=dist_ctx.world_size, barrier=barrier, log=log.info
+        )
+    stream = PackStream(corpus, config.data.pack_tokens, seed=config.train.seed, lookahead=config.data.pack_lookahead)
     start_step = skipped_total = skipped_in_a_row = 0
     resumed_fields: dict[str, Any] = {}
     if resume_from is not None:
