@@ -212,3 +212,34 @@ def test_a_run_killed_while_progressing_is_finished_not_hung(tmp_path: Path) -> 
     assert done.returncode == 0, done.stdout + done.stderr
     assert b"finished: every rank closed or gone" in done.stdout
     assert not layout.hang_dirs(tmp_path)
+
+
+def test_ranks_that_waited_for_a_late_arrival_are_not_stuck_until_the_last_one_has_waited_too(tmp_path: Path) -> None:
+    # Rank 1 has waited in the all-reduce longer than the threshold (for rank 0, busy in a checkpoint); rank 0 has
+    # just entered it. The collective is about to complete: no hang. Without rank 0's arrival it would be one.
+    from deeptrace.watch.status import judge
+
+    early = Collector(tmp_path, 1, 2, heartbeat_interval_s=0.1)
+    late = Collector(tmp_path, 0, 2, heartbeat_interval_s=0.1)
+    try:
+        for collector in (early, late):
+            collector.step_begin(3)
+        waiting = early.collective("all_reduce").begin()
+        early.write_heartbeat()
+        late.write_heartbeat()
+        time.sleep(1.5)
+        late.write_heartbeat()
+        alone = judge(tmp_path, {}, threshold_s=1.0, now=time.time())
+        assert alone.overall == "hung", alone  # rank 1 waits for a rank that never came: a real hang
+
+        arriving = late.collective("all_reduce").begin()
+        late.write_heartbeat()
+        early.write_heartbeat()
+        status = judge(tmp_path, {}, threshold_s=1.0, now=time.time())
+        assert status.overall != "hung", status
+        assert {view.rank: view.state for view in status.ranks}[1] == "waiting"
+        arriving.end()
+        waiting.end()
+    finally:
+        early.close()
+        late.close()

@@ -68,10 +68,14 @@ def judge(
     report = diagnose_hang(run_dir, now_wall=now, stall_after_s=threshold_s)
     in_phase = {r for r, hb in heartbeats.items() if hb.phase is not None and hb.state == "running"}
     slow_ranks = find_slow(traces, slow or SlowConfig())
+    last_arrival = _last_arrivals(heartbeats)
     views = [
-        _view(r, hb, report=report, in_phase=in_phase, slow=slow_ranks, now=now, threshold_s=threshold_s)
+        _view(
+            r, hb, report=report, in_phase=in_phase, slow=slow_ranks, now=now, threshold_s=threshold_s,
+            last_arrival=last_arrival,
+        )
         for r, hb in heartbeats.items()
-    ]
+    ]  # fmt: skip
     if report is not None:
         for rank in report.missing_ranks:
             views.append(RankView(rank, "missing", None, "no heartbeat file", None))
@@ -100,6 +104,7 @@ def _view(  # noqa: PLR0911  # one return per state, in the order the states tak
     slow: dict[int, SlowRank],
     now: float,
     threshold_s: float,
+    last_arrival: dict[tuple[str, int], float],
 ) -> RankView:
     idle = max(0.0, now - hb.last_event_wall_s)
     state_of = report.ranks.get(rank) if report is not None else None
@@ -119,6 +124,12 @@ def _view(  # noqa: PLR0911  # one return per state, in the order the states tak
     if stopped and in_phase and hb.in_collective is not None:
         # It waits in a collective for a rank that is busy in an announced phase: not stuck.
         return RankView(rank, "waiting", hb.step, where, idle, f"waits for rank(s) {sorted(in_phase)} in a phase")
+    inside = hb.in_collective
+    if stopped and inside is not None and now - last_arrival[(inside.group, inside.seq)] < threshold_s:
+        # A rank entered this collective only lately (e.g. it just left an announced phase that the others waited
+        # for): the wait that counts starts at that arrival, not at this rank's own.
+        since = now - last_arrival[(inside.group, inside.seq)]
+        return RankView(rank, "waiting", hb.step, where, idle, f"the last rank entered {inside.name} {since:.1f} s ago")
     if stopped:
         assert state_of is not None
         return RankView(rank, "gone" if state_of.status == "gone" else "stuck", hb.step, where, idle,
@@ -126,6 +137,16 @@ def _view(  # noqa: PLR0911  # one return per state, in the order the states tak
     if rank in slow:
         return RankView(rank, "slow", hb.step, where, idle, slow[rank].evidence)
     return RankView(rank, "progressing", hb.step, where, idle)
+
+
+def _last_arrivals(heartbeats: dict[int, Heartbeat]) -> dict[tuple[str, int], float]:
+    """For each collective some rank is inside, when the latest of those ranks entered it (Unix seconds)."""
+    latest: dict[tuple[str, int], float] = {}
+    for hb in heartbeats.values():
+        if (inside := hb.in_collective) is not None:
+            key = (inside.group, inside.seq)
+            latest[key] = max(latest.get(key, inside.wall_s), inside.wall_s)
+    return latest
 
 
 def _where(hb: Heartbeat) -> str:
