@@ -63,17 +63,34 @@ class Shape:
     experts: int
     top_k: int
     inter: int
+    family: str = "qwen3"
+    """``qwen3``: Qwen3-MoE's softmax top-k block. ``deepseek-v3``: DeepSeek-V3's block (sigmoid scores with the
+    correction bias, group-limited top-k over ``DEEPSEEK_GROUPS``, routed scaling, one shared expert of
+    ``inter``)."""
+
+    @property
+    def shared_inter(self) -> int:
+        return self.inter if self.family == "deepseek-v3" else 0
 
     @property
     def matmul_flops(self) -> float:
-        """FLOPs of forward+backward matmuls: experts (gate_up, down) and router; backward costs twice forward."""
+        """FLOPs of forward+backward matmuls: experts (gate_up, down), the shared expert and the router; backward
+        costs twice forward."""
         slots = self.tokens * self.top_k
         forward = 2 * slots * self.hidden * 3 * self.inter + 2 * self.tokens * self.hidden * self.experts
+        forward += 2 * self.tokens * self.hidden * 3 * self.shared_inter
         return 3.0 * forward
+
+
+# DeepSeek-V3's routing at its published ratios: 8 groups of experts, each token's experts from its best 4 groups,
+# routed weights scaled by 2.5.
+DEEPSEEK_GROUPS = {"n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5}
 
 
 def build(impl: str, shape: Shape, dtype: torch.dtype, device: str) -> torch.nn.Module:
     """The block of `impl` with the benchmark's seeded weights (identical for every implementation)."""
+    if shape.family == "deepseek-v3":
+        return build_deepseek(impl, shape).to(device=device, dtype=dtype)
     gen = torch.Generator().manual_seed(1234)
     e, d, f = shape.experts, shape.hidden, shape.inter
     router = torch.randn(e, d, generator=gen) * 0.02
@@ -99,6 +116,44 @@ def build(impl: str, shape: Shape, dtype: torch.dtype, device: str) -> torch.nn.
         block = Qwen3MoeSparseMoeBlock(hf_cfg)
         block.load_state_dict({"gate.weight": router, "experts.gate_up_proj": gate_up, "experts.down_proj": down})
     return block.to(device=device, dtype=dtype)
+
+
+def build_deepseek(impl: str, shape: Shape) -> torch.nn.Module:
+    """transformers' DeepseekV3MoE with seeded weights (every parameter and the correction bias drawn from one
+    generator), or xtrain's MoEBlock holding the same; each check process builds the same block anew."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+
+    hf_cfg = DeepseekV3Config(
+        hidden_size=shape.hidden, moe_intermediate_size=shape.inter, n_routed_experts=shape.experts,
+        num_experts_per_tok=shape.top_k, n_shared_experts=1, norm_topk_prob=True, **DEEPSEEK_GROUPS,
+    )  # fmt: skip
+    hf_cfg._experts_implementation = impl.removeprefix("hf_") if impl.startswith("hf_") else "eager"
+    hf = DeepseekV3MoE(hf_cfg)
+    gen = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        seeded = [*sorted(hf.named_parameters()), ("gate.e_score_correction_bias", hf.gate.e_score_correction_bias)]
+        for name, param in seeded:
+            param.copy_(torch.randn(param.shape, generator=gen) * (0.01 if "bias" in name else 0.02))
+    if not impl.startswith("xtrain"):
+        return hf
+    from xtrain.model.moe import MoEBlock, MoEConfig
+
+    cfg_dict = hf_cfg.to_dict() | {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+    cfg = MoEConfig.from_hf_config(cfg_dict).model_copy(
+        update={"experts_impl": "cpu_fused" if impl == "xtrain_cpu_fused" else "auto"}
+    )
+    ours = MoEBlock(shape.hidden, cfg)
+    state = {
+        "router.weight": hf.gate.weight,
+        "router.e_score_correction_bias": hf.gate.e_score_correction_bias,
+        "experts.gate_up_proj": hf.experts.gate_up_proj,
+        "experts.down_proj": hf.experts.down_proj,
+    }
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        state[f"shared_experts.{name}.weight"] = getattr(hf.shared_experts, name).weight
+    ours.load_state_dict({key: value.detach().clone() for key, value in state.items()})
+    return ours
 
 
 def inputs(shape: Shape, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,7 +205,7 @@ def peak_rss_bytes() -> int:
 
 
 def worker(args: argparse.Namespace) -> None:
-    shape = Shape(args.tokens, args.hidden, args.experts, args.top_k, args.inter)
+    shape = Shape(args.tokens, args.hidden, args.experts, args.top_k, args.inter, args.family)
     dtype, device = getattr(torch, args.dtype), args.device
     block = build(args.worker, shape, dtype, device)
     x, grad_y = inputs(shape, dtype, device)
@@ -183,7 +238,7 @@ def run_worker(impl: str, args: argparse.Namespace, run: tuple[str, str], out: P
     dtype, device = run
     cmd = [sys.executable, __file__, "--worker", impl, "--dtype", dtype, "--device", device, "--out", str(out)]
     cmd += ["--tokens", str(args.tokens), "--hidden", str(args.hidden), "--experts", str(args.experts)]
-    cmd += ["--top-k", str(args.top_k), "--inter", str(args.inter)]
+    cmd += ["--top-k", str(args.top_k), "--inter", str(args.inter), "--family", args.family]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
 
@@ -312,6 +367,10 @@ def main() -> None:
     parser.add_argument("--experts", type=int, default=64)
     parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--inter", type=int, default=256)
+    parser.add_argument(
+        "--family", choices=("qwen3", "deepseek-v3"), default="qwen3",
+        help="deepseek-v3: its block (group-limited sigmoid routing, a shared expert); try --experts 256",
+    )  # fmt: skip
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--rounds", type=int, default=4, help="timed rounds (best is kept)")
     parser.add_argument("--impls", default=",".join(IMPLS), help="subset of " + ",".join(IMPLS))
@@ -328,7 +387,7 @@ def main() -> None:
         worker(args)
         return
 
-    shape = Shape(args.tokens, args.hidden, args.experts, args.top_k, args.inter)
+    shape = Shape(args.tokens, args.hidden, args.experts, args.top_k, args.inter, args.family)
     with Path("/proc/meminfo").open() as f:
         available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     # Address space, not resident memory: leave room for the libraries' mappings above the data itself.
