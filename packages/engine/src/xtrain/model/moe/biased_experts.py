@@ -19,7 +19,7 @@ from torch import nn
 
 from xtrain.model.moe.config import MoEConfig
 from xtrain.model.moe.grouped_mm import GroupedImpl, grouped_mm, resolve_impl
-from xtrain.model.moe.permute import CombineRows, DispatchRows
+from xtrain.model.moe.permute import CombineRows, DispatchRows, group_layout, sort_slots
 
 
 def clamped_swiglu(gate_up_S2F: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
@@ -66,14 +66,9 @@ class BiasedExperts(nn.Module):
         """x [T, D], routing weights and expert ids [T, K], tokens per expert [E] -> y [T, D]."""
         k = routed_experts.shape[1]
         impl = self._impl_for(x)
-        with torch.no_grad():
-            flat_S = routed_experts.reshape(-1)
-            order_S = torch.argsort(flat_S, stable=True)
-            token_S = torch.div(order_S, k, rounding_mode="floor")
-            expert_S = flat_S[order_S]
-            slot_rank_S = torch.empty_like(order_S)
-            slot_rank_S[order_S] = torch.arange(order_S.numel(), device=order_S.device)
-            offsets_E = torch.cumsum(tokens_per_expert, dim=0).to(torch.int32)
+        order_S, token_S = sort_slots(routed_experts)
+        slot_rank_S, offsets_E = group_layout(order_S, tokens_per_expert)
+        expert_S = routed_experts.reshape(-1)[order_S]
         weight_S1 = routing_weights.reshape(-1)[order_S].unsqueeze(-1)
         x_SD: torch.Tensor = DispatchRows.apply(x, token_S, slot_rank_S, k)  # type: ignore[no-untyped-call]
         gate_up_S2F = grouped_mm(x_SD, self.gate_up_proj.transpose(-2, -1), offsets_E, impl)

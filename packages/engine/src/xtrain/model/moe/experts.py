@@ -12,7 +12,7 @@ from torch import nn
 from xtrain.model.moe.config import MoEConfig
 from xtrain.model.moe.cpu_experts import FusedExpertsCPU
 from xtrain.model.moe.grouped_mm import GroupedImpl, grouped_mm, resolve_impl
-from xtrain.model.moe.permute import CombineRows, DispatchRows, WeightedSwiGLU
+from xtrain.model.moe.permute import CombineRows, DispatchRows, WeightedSwiGLU, group_layout, sort_slots
 
 
 class GroupedExperts(nn.Module):
@@ -59,10 +59,7 @@ class GroupedExperts(nn.Module):
         """x [T, D], routing weights and expert ids [T, K], tokens per expert [E] -> y [T, D]."""
         k = routed_experts.shape[1]
         impl = self.impl_for(x)
-        with torch.no_grad():
-            # One stable sort of the T*K slots by expert; every later step reuses this permutation.
-            order_S = torch.argsort(routed_experts.reshape(-1), stable=True)
-            token_S = torch.div(order_S, k, rounding_mode="floor")
+        order_S, token_S = sort_slots(routed_experts)
         # The routing weight scales the F-wide activation rather than the D-wide output: the same product
         # (the down projection is linear), a quarter of the elementwise work at F = D/4.
         weight_S1 = routing_weights.reshape(-1)[order_S].unsqueeze(-1)
@@ -73,10 +70,7 @@ class GroupedExperts(nn.Module):
                 x, weight_S1, self.gate_up_proj, self.down_proj, token_S, tokens_per_expert.tolist()
             )
             return y
-        with torch.no_grad():
-            slot_rank_S = torch.empty_like(order_S)
-            slot_rank_S[order_S] = torch.arange(order_S.numel(), device=order_S.device)
-            offsets_E = torch.cumsum(tokens_per_expert, dim=0).to(torch.int32)
+        slot_rank_S, offsets_E = group_layout(order_S, tokens_per_expert)
         x_SD: torch.Tensor = DispatchRows.apply(x, token_S, slot_rank_S, k)  # type: ignore[no-untyped-call]
         gate_up_S2F = grouped_mm(x_SD, self.gate_up_proj.transpose(-2, -1), offsets_E, impl)
         h_SF: torch.Tensor = WeightedSwiGLU.apply(gate_up_S2F, weight_S1)  # type: ignore[no-untyped-call]

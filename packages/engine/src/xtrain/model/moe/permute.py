@@ -40,6 +40,23 @@ def _mul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         torch.mul(a, b, out=out)
 
 
+@torch.no_grad()
+def sort_slots(routed_experts_TK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One stable sort of the T*K token-expert slots by expert, which every later step reuses: ``order_S`` (the
+    slot at each sorted position) and ``token_S`` (its token)."""
+    order_S = torch.argsort(routed_experts_TK.reshape(-1), stable=True)
+    return order_S, torch.div(order_S, routed_experts_TK.shape[1], rounding_mode="floor")
+
+
+@torch.no_grad()
+def group_layout(order_S: torch.Tensor, tokens_per_expert_E: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What dispatch, the grouped matmuls and combine need beside the sort: ``slot_rank_S`` (the sorted position
+    of each slot, the inverse permutation) and ``offsets_E`` (int32 end of each expert's rows)."""
+    slot_rank_S = torch.empty_like(order_S)
+    slot_rank_S[order_S] = torch.arange(order_S.numel(), device=order_S.device)
+    return slot_rank_S, torch.cumsum(tokens_per_expert_E, dim=0).to(torch.int32)
+
+
 def sum_slots(
     rows_SD: torch.Tensor, token_S: torch.Tensor, slot_rank_S: torch.Tensor, k: int, num_tokens: int
 ) -> torch.Tensor:
