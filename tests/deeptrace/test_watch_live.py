@@ -100,9 +100,15 @@ def test_rank_blocked_before_all_reduce_is_named_with_its_line(tmp_path: Path) -
     server.shutdown()
 
 
+# The job runs as `nobody` from this checkout's virtualenv: every folder above it must let other users through
+# (a clone inside a `mktemp -d` folder, mode 0700, does not).
+_CHECKOUT = Path(__file__).resolve().parents[2]
+_OTHERS_CAN_ENTER = all(folder.stat().st_mode & 0o001 for folder in [_CHECKOUT, *_CHECKOUT.parents])
+
+
 @pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None,
-    reason="runs the job and the watcher as another user (needs root and setpriv)",
+    os.geteuid() != 0 or shutil.which("setpriv") is None or not _OTHERS_CAN_ENTER,
+    reason="runs the job and the watcher as another user (needs root, setpriv, and a checkout others can enter)",
 )
 def test_rank_stuck_in_data_loading_is_named_where_ptrace_is_refused() -> None:
     run = shared_run_dir("nodump")
