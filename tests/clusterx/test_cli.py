@@ -191,3 +191,21 @@ def test_submit_through_the_running_daemon_loads_neither_sqlalchemy_nor_pydantic
     bad = subprocess.run([sys.executable, "-c", code.replace("'--name'", "'--nodes', '0', '--name'")], env=env,
                          timeout=60, capture_output=True, text=True, check=False)  # fmt: skip
     assert "key 'nodes'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_running_daemon_that_cannot_be_reached_is_a_visible_fallback(
+    cli: Callable[..., Result], sqlite_db: str
+) -> None:
+    from clusterx.daemon.control import daemon_pid
+    from clusterx.daemon.fastpath import socket_path
+    from clusterx.db.engine import resolve_db_url
+
+    assert cli("daemon", "start").exit_code == 0
+    url = resolve_db_url(sqlite_db)
+    socket_path(url).unlink()  # the daemon runs, but nobody can reach it
+    result = cli("submit", "--name", "slow-way", "--", "true")
+    assert result.exit_code == 0, result.output
+    assert f"warning: the daemon (pid {daemon_pid(url)}) could not take the job" in result.output
+    assert "socket" in result.output and "submitting without it" in result.output
+    listed = json.loads(cli("list", "--json").output)
+    assert [r["name"] for r in listed] == ["slow-way"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import psutil
 import pytest
 from clusterx import Client, JobSpec
 from clusterx.daemon.control import daemon_pid, start_daemon, stop_daemon
+from clusterx.daemon.fastpath import socket_path
 from clusterx.daemon.resources import Capacity
 from clusterx.daemon.scheduler import choose_jobs
 from clusterx.store import QueuedJob
@@ -132,6 +134,14 @@ def test_backfill_and_order_in_one_pass() -> None:
     ]
     chosen = choose_jobs(queued, Capacity(cpus=4, mem_mib=4000, gpus=1))
     assert [job.id for job in chosen] == [2, 4]
+
+
+def test_start_daemon_returns_once_the_socket_listens(client: Client) -> None:
+    # The cause of a flaky fast-path submit: the pid (what start_daemon waits for) was written before the socket
+    # was bound, so a submit right after `daemon start` could find no socket and fall back.
+    start_daemon(client.url)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(socket_path(client.url)))  # at once: no waiting, no retry
 
 
 def test_one_daemon_per_database(client: Client, sqlite_db: str) -> None:

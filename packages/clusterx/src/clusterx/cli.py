@@ -116,12 +116,21 @@ def submit(ctx: click.Context, /, args: tuple[str, ...], dryrun: bool, as_json: 
     db = ctx.find_root().obj.get("db")
     if not dryrun and mapping.get("backend", "local") == "local":
         # The quick way: the running daemon validates and stores the job (see clusterx.daemon.fastpath).
-        from clusterx.daemon.fastpath import submit_via_daemon  # noqa: PLC0415
+        from clusterx.daemon.fastpath import Unreachable, submit_via_daemon  # noqa: PLC0415
 
-        record = submit_via_daemon(resolve_db_url(db), mapping, source, os.environ.get("CLUSTERX_RUNS_DIR"))
-        if record is not None:
-            _print_submitted(record, as_json)
+        # Chosen here, so that falling back after a daemon that stored the job but answered too late returns that
+        # job instead of a second one.
+        mapping.setdefault("submit_key", os.urandom(16).hex())  # a uuid4's randomness; `uuid` costs 20 ms
+        answer = submit_via_daemon(resolve_db_url(db), mapping, source, os.environ.get("CLUSTERX_RUNS_DIR"))
+        if not isinstance(answer, Unreachable):
+            _print_submitted(answer, as_json)
             return
+        if answer.daemon_pid is not None:
+            click.echo(
+                f"clusterx: warning: the daemon (pid {answer.daemon_pid}) could not take the job: {answer.reason}; "
+                "submitting without it (slower)",
+                err=True,
+            )
     from clusterx.spec import JobSpec  # noqa: PLC0415
 
     spec = JobSpec.from_mapping(mapping, source=source)

@@ -35,8 +35,7 @@ def main() -> int:
     except BlockingIOError:
         return 0  # another daemon serves this database
     handle.seek(0)
-    handle.truncate()
-    handle.write(str(os.getpid()))
+    handle.truncate()  # a previous daemon's pid: until ours is written, `daemon_pid` says "starting" (-1)
     handle.flush()
     idle = os.environ.get("CLUSTERX_DAEMON_IDLE_EXIT")
     store = JobStore(url)
@@ -46,6 +45,9 @@ def main() -> int:
     daemon = Daemon(store, capacity, gpu_indices(), idle_exit_s=float(idle) if idle else None)
     server = SubmitServer(url, socket_path(url))
     server.start()
+    # The pid is written last: it tells `start_daemon` (and every client) that the socket already listens.
+    handle.write(str(os.getpid()))
+    handle.flush()
     logging.getLogger("clusterx.daemon").info("serving %s with %s", path.name, daemon.capacity)
     try:
         daemon.run()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterx.client import Client
-from clusterx.daemon.fastpath import _read_line, peer_uid
+from clusterx.daemon.fastpath import peer_uid, read_line
 from clusterx.errors import ClusterxError
 from clusterx.spec import JobSpec
 
@@ -28,11 +28,15 @@ class SubmitServer(threading.Thread):
         self.path = path
         self._clients: dict[tuple[str, str | None], Client] = {}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.unlink(missing_ok=True)  # a previous daemon's socket
+        # Bound and listening under a temporary name, then renamed over any previous daemon's socket: a client
+        # that finds the path finds a socket that accepts (a connect between bind and listen would be refused).
+        staging = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        staging.unlink(missing_ok=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(str(self.path))
-        os.chmod(self.path, 0o600)  # noqa: PTH101 (a socket path; Path.chmod works too, this reads plainer)
+        self.sock.bind(str(staging))
+        os.chmod(staging, 0o600)  # noqa: PTH101 (a socket path; Path.chmod works too, this reads plainer)
         self.sock.listen(64)
+        staging.replace(self.path)
 
     def close(self) -> None:
         self.sock.close()
@@ -58,7 +62,7 @@ class SubmitServer(threading.Thread):
         uid = peer_uid(conn)
         if uid != os.getuid():
             return {"ok": False, "error": "this daemon runs jobs only for its own user"}
-        request = json.loads(_read_line(conn))
+        request = json.loads(read_line(conn))
         if request.get("op") != "submit":
             return {"ok": False, "error": f"unknown request {request.get('op')!r}"}
         user = pwd.getpwuid(uid).pw_name

@@ -18,7 +18,9 @@ from clusterx.paths import lock_path
 
 __all__ = ["daemon_pid", "lock_path", "log_path", "start_daemon", "stop_daemon"]
 
-START_TIMEOUT_S = 15.0
+# The daemon writes its pid once its socket listens (after loading SQLAlchemy and opening the database): on a
+# loaded machine that takes seconds.
+START_TIMEOUT_S = 60.0
 
 
 def log_path(url: str) -> Path:
@@ -42,7 +44,7 @@ def daemon_pid(url: str) -> int | None:
 
 
 def start_daemon(url: str, idle_exit_s: float | None = None, wait_s: float = START_TIMEOUT_S) -> int:
-    """Start the daemon when none runs; returns its pid."""
+    """Start the daemon when none runs; returns its pid once it listens on its socket."""
     pid = daemon_pid(url)
     if pid is not None and pid > 0:
         return pid

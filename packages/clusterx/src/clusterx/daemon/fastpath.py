@@ -1,12 +1,17 @@
-"""Submitting through the running daemon: the quick way for `clusterx submit` on the local backend.
+"""Talking to the running daemon over its Unix socket: the quick way for `clusterx submit` on a daemon backend,
+and the way cancel and retry of its jobs are asked for.
 
 The command line reads its options and spec file into a plain mapping (no pydantic, no SQLAlchemy) and sends
-it over the daemon's Unix socket; the daemon, which has everything loaded already, validates and stores the
-job exactly as `Client.submit` does (it calls it) and answers with the job record. So a submit costs an
+it over the daemon's socket; the daemon, which has everything loaded already, validates and stores the job
+exactly as `Client.submit` does (it calls it) and answers with the job record. So a submit costs an
 interpreter start plus a round trip, not the import of the whole stack.
 
-Only the daemon's own user may submit through its socket (checked with SO_PEERCRED; the socket is mode 600):
-the daemon runs jobs as itself.
+The daemon identifies the caller of every request by the socket's peer credentials (SO_PEERCRED, set by the
+kernel: it cannot be forged); see clusterx.daemon.api for what each user may ask.
+
+When the daemon cannot be reached, the caller submits in-process. That is the normal way when no daemon runs
+(the first submit starts it); when one runs but did not answer, `Unreachable.daemon_pid` says so and the command
+line warns, because that submit is slow for a reason the user should know.
 """
 
 from __future__ import annotations
@@ -16,13 +21,19 @@ import os
 import socket
 import struct
 import tempfile
+import time
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clusterx.daemon.control import daemon_pid
 from clusterx.paths import lock_path
 
 UNIX_PATH_MAX = 100  # sun_path holds 108 bytes on Linux; keep a margin
+# A daemon holding its lock but not yet listening is starting (it listens before it writes its pid): wait this
+# long for it rather than paying the slow path.
+STARTING_WAIT_S = 5.0
 
 
 def socket_path(url: str) -> Path:
@@ -32,35 +43,67 @@ def socket_path(url: str) -> Path:
     return Path(tempfile.gettempdir()) / f"clusterx-{os.getuid()}" / f"{zlib.crc32(url.encode()):08x}.sock"
 
 
+@dataclass(frozen=True)
+class Unreachable:
+    """Why a request did not go through the daemon. `daemon_pid` is set when a daemon runs all the same."""
+
+    reason: str
+    daemon_pid: int | None = None
+
+
+def request_daemon(url: str, request: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any] | Unreachable:
+    """The daemon's answer to one request ({"ok": ..., ...}), or why it could not be asked."""
+    path = socket_path(url)
+    deadline = time.monotonic() + STARTING_WAIT_S
+    while not path.exists():
+        pid = daemon_pid(url)
+        if pid is None:
+            return Unreachable("no daemon runs")
+        if pid > 0 or time.monotonic() > deadline:
+            # A daemon that wrote its pid listens already: its socket was removed under it.
+            return Unreachable(f"its socket {path} is missing", pid)
+        time.sleep(0.02)  # pid -1: the daemon holds its lock and is setting up; it listens before writing its pid
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout_s)
+            sock.connect(str(path))
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            reply = read_line(sock)
+    except TimeoutError:
+        return Unreachable(f"it did not answer on {path} within {timeout_s:g} s", daemon_pid(url))
+    except OSError as exc:  # refused (a stale socket of a daemon that died), reset, permission denied
+        return Unreachable(f"{path}: {exc.strerror or exc}", daemon_pid(url))
+    if not reply:
+        return Unreachable(f"it closed {path} without an answer", daemon_pid(url))
+    answer: dict[str, Any] = json.loads(reply)
+    return answer
+
+
 def submit_via_daemon(
     url: str, mapping: dict[str, Any], source: str, runs_dir: str | None, timeout_s: float = 30.0
-) -> dict[str, Any] | None:
-    """The new job's record; None when no daemon listens (the caller then submits in-process).
-    A user error found by the daemon comes back as ClusterxError with the daemon's message."""
-    path = socket_path(url)
-    if not path.exists():
-        return None
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout_s)
-        try:
-            sock.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            return None  # a stale socket of a daemon that died
-        request = {"op": "submit", "spec": mapping, "source": source, "runs_dir": runs_dir}
-        sock.sendall(json.dumps(request).encode() + b"\n")
-        reply = _read_line(sock)
-    if not reply:
-        return None
-    answer = json.loads(reply)
-    if not answer["ok"]:
-        from clusterx.errors import ClusterxError  # noqa: PLC0415 (only on errors)
+) -> dict[str, Any] | Unreachable:
+    """The new job's record, or why the daemon could not take it (the caller then submits in-process).
+    A user error found by the daemon comes back as ClusterxError with the daemon's message.
 
-        raise ClusterxError(answer["error"])
-    record: dict[str, Any] = answer["record"]
+    `mapping` must carry a submit_key: a submit that falls back after a timeout then returns the job the daemon
+    may have stored meanwhile instead of storing it twice."""
+    request = {"op": "submit", "spec": mapping, "source": source, "runs_dir": runs_dir}
+    answer = request_daemon(url, request, timeout_s)
+    if isinstance(answer, Unreachable):
+        return answer
+    record: dict[str, Any] = _unwrap(answer)["record"]
     return record
 
 
-def _read_line(sock: socket.socket) -> bytes:
+def _unwrap(answer: dict[str, Any]) -> dict[str, Any]:
+    if not answer.get("ok"):
+        from clusterx.errors import ClusterxError  # noqa: PLC0415 (only on errors)
+
+        raise ClusterxError(answer.get("error", "the daemon refused the request"))
+    return answer
+
+
+def read_line(sock: socket.socket) -> bytes:
     chunks = []
     while True:
         chunk = sock.recv(65536)
@@ -73,7 +116,8 @@ def _read_line(sock: socket.socket) -> bytes:
 
 
 def peer_uid(conn: socket.socket) -> int:
-    """The uid of the process at the other end of a Unix socket."""
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED: pid, uid, gid, set by the kernel
+    when the connection was made)."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
     return int(uid)
