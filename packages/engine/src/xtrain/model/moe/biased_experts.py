@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from xtrain.model.moe.config import MoEConfig
-from xtrain.model.moe.grouped_mm import GroupedImpl, grouped_mm, resolve_impl
-from xtrain.model.moe.permute import CombineRows, DispatchRows, group_layout, sort_slots
+from xtrain.model.moe.experts import RoutedExperts, local_part
+from xtrain.model.moe.grouped_mm import grouped_mm
+from xtrain.model.moe.permute import group_offsets
 
 
 def clamped_swiglu(gate_up_S2F: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
@@ -30,7 +31,7 @@ def clamped_swiglu(gate_up_S2F: torch.Tensor, alpha: float, limit: float) -> tor
     return (up + 1) * (gate * torch.sigmoid(gate * alpha))
 
 
-class BiasedExperts(nn.Module):
+class BiasedExperts(RoutedExperts):
     """E experts with biases; the clamped SwiGLU (GPT-OSS) or the plain one."""
 
     def __init__(self, hidden_size: int, config: MoEConfig) -> None:
@@ -48,32 +49,15 @@ class BiasedExperts(nn.Module):
         f = gate_up_S2F.shape[-1] // 2
         return torch.nn.functional.silu(gate_up_S2F[:, :f]) * gate_up_S2F[:, f:]
 
-    def _impl_for(self, x: torch.Tensor) -> GroupedImpl:
-        # As for the unbiased experts; "cpu_fused" has no biased variant and means "auto" here.
-        requested = "auto" if self.config.experts_impl == "cpu_fused" else self.config.experts_impl
-        first = resolve_impl(requested, x, self.gate_up_proj.transpose(-2, -1))
-        second = resolve_impl(requested, x, self.down_proj.transpose(-2, -1))
-        return "grouped_mm" if first == second == "grouped_mm" else "loop"
-
-    # torch.autograd.Function.apply is untyped: the calls below carry a targeted ignore.
-    def forward(
-        self,
-        x: torch.Tensor,
-        routing_weights: torch.Tensor,
-        routed_experts: torch.Tensor,
-        tokens_per_expert: torch.Tensor,
-    ) -> torch.Tensor:
-        """x [T, D], routing weights and expert ids [T, K], tokens per expert [E] -> y [T, D]."""
-        k = routed_experts.shape[1]
-        impl = self._impl_for(x)
-        order_S, token_S = sort_slots(routed_experts)
-        slot_rank_S, offsets_E = group_layout(order_S, tokens_per_expert)
-        expert_S = routed_experts.reshape(-1)[order_S]
-        weight_S1 = routing_weights.reshape(-1)[order_S].unsqueeze(-1)
-        x_SD: torch.Tensor = DispatchRows.apply(x, token_S, slot_rank_S, k)  # type: ignore[no-untyped-call]
-        gate_up_S2F = grouped_mm(x_SD, self.gate_up_proj.transpose(-2, -1), offsets_E, impl)
-        h_SF = self._activation(gate_up_S2F + self.gate_up_proj_bias[expert_S])
-        out_SD = grouped_mm(h_SF, self.down_proj.transpose(-2, -1), offsets_E, impl)
-        out_SD = (out_SD + self.down_proj_bias[expert_S]) * weight_S1
-        y_TD: torch.Tensor = CombineRows.apply(out_SD, token_S, slot_rank_S, k)  # type: ignore[no-untyped-call]
-        return y_TD
+    def compute(self, x_SD: torch.Tensor, weight_S1: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+        """Rows sorted by expert [S, D], their routing weights [S, 1], rows per expert [E] -> out_SD [S, D]."""
+        impl = self.impl_for(x_SD)
+        offsets_E = group_offsets(counts_E)
+        # The expert of each row, on the device: output_size is known, so no host synchronisation.
+        expert_S = torch.repeat_interleave(
+            torch.arange(counts_E.shape[0], device=counts_E.device), counts_E, output_size=x_SD.shape[0]
+        )
+        gate_up_S2F = grouped_mm(x_SD, local_part(self.gate_up_proj).transpose(-2, -1), offsets_E, impl)
+        h_SF = self._activation(gate_up_S2F + local_part(self.gate_up_proj_bias)[expert_S])
+        out_SD = grouped_mm(h_SF, local_part(self.down_proj).transpose(-2, -1), offsets_E, impl)
+        return (out_SD + local_part(self.down_proj_bias)[expert_S]) * weight_S1

@@ -1,10 +1,18 @@
 """The MoE block: router, dropless routed experts, optional shared experts, and the statistics for its losses.
 
 Legend: T tokens, D hidden size, E experts, K experts per token.
+
+The forward runs in stages: ``route`` (router, tokens per expert), the routed experts (permute → local experts →
+combine), the shared experts. By default the routed experts run on this device (``RoutedExperts.forward``). A
+step applied from outside may set ``expert_schedule``, a callable that takes the block, its input and its routing
+and returns routed plus shared output: ``xtrain.parallel.expert_parallel`` installs one that moves the sorted rows
+to the ranks holding their experts and back (optionally in slices that overlap communication with compute). The
+block itself knows nothing of how.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +22,7 @@ from xtrain.model.layers import SwiGLUMLP
 from xtrain.model.moe.biased_experts import BiasedExperts
 from xtrain.model.moe.config import MoEConfig
 from xtrain.model.moe.experts import GroupedExperts
-from xtrain.model.moe.router import Router
+from xtrain.model.moe.router import Router, Routing
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,10 @@ class RouterStats:
     """Tokens T this forward routed."""
     z_loss_sum: torch.Tensor
     """fp32 scalar with grad: sum over tokens of logsumexp(router logits)^2."""
+
+
+ExpertSchedule = Callable[["MoEBlock", torch.Tensor, Routing], torch.Tensor]
+"""(block, x_TD, routing) -> routed plus shared experts' output y_TD: replaces the one-device stages."""
 
 
 class MoEBlock(nn.Module):
@@ -52,6 +64,13 @@ class MoEBlock(nn.Module):
             # The shared experts are fused into one dense SwiGLU MLP, as DeepSeek-V3 stores them.
             SwiGLUMLP(hidden_size, config.shared_intermediate_size) if config.num_shared_experts > 0 else None
         )
+        # A plain attribute, not a submodule: it holds no parameters and is no part of the state dict.
+        self.expert_schedule: ExpertSchedule | None = None
+
+    def route(self, x: torch.Tensor) -> Routing:
+        """The router's decision for x [T, D]."""
+        routing: Routing = self.router(x)
+        return routing
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, RouterStats]:
         """x [T, D] -> (y [T, D], RouterStats)."""
@@ -60,15 +79,14 @@ class MoEBlock(nn.Module):
                 f"MoEBlock expects x of shape [T, {self.hidden_size}], got {tuple(x.shape)}: flatten batch and "
                 "sequence dimensions first"
             )
-        routing = self.router(x)
-        with torch.no_grad():
-            # scatter_add rather than bincount: no device-to-host sync on accelerators.
-            tokens_per_expert_E = torch.zeros(self.config.num_experts, dtype=torch.int64, device=x.device).scatter_add_(
-                0, routing.experts.reshape(-1), torch.ones_like(routing.experts.reshape(-1))
-            )
-        y_TD = self.experts(x, routing.weights, routing.experts, tokens_per_expert_E)
-        if self.shared_experts is not None:
-            y_TD = y_TD + self.shared_experts(x)
+        routing = self.route(x)
+        tokens_per_expert_E = count_tokens_per_expert(routing.experts, self.config.num_experts)
+        if self.expert_schedule is not None:
+            y_TD = self.expert_schedule(self, x, routing)
+        else:
+            y_TD = self.experts(x, routing.weights, routing.experts, tokens_per_expert_E)
+            if self.shared_experts is not None:
+                y_TD = y_TD + self.shared_experts(x)
         stats = RouterStats(
             tokens_per_expert=tokens_per_expert_E,
             router_prob_sum=routing.router_prob_sum,
@@ -94,3 +112,11 @@ class MoEBlock(nn.Module):
             nn.init.zeros_(self.router.bias)
         if self.router.e_score_correction_bias is not None:
             self.router.e_score_correction_bias.zero_()
+
+
+@torch.no_grad()
+def count_tokens_per_expert(routed_experts_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """[E] int64 token-expert assignments per expert. scatter_add rather than bincount: no device-to-host sync on
+    accelerators."""
+    flat = routed_experts_TK.reshape(-1)
+    return torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))

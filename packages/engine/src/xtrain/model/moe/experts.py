@@ -1,10 +1,26 @@
-"""Dropless routed experts: one permutation of the token-expert slots by expert, two grouped matmuls, one combine.
+"""Dropless routed experts in stages: permute the token-expert slots by expert, local experts on expert-sorted rows,
+combine back per token.
 
-Legend: T tokens, D hidden size, E experts, K experts per token, F expert hidden size,
-S = T*K token-expert slots (sorted by expert inside this module).
+Legend: T tokens, D hidden size, E experts (of this module: all of them, or this rank's share once an
+expert-parallel step has split them), K experts per token, F expert hidden size, S token-expert slots in expert
+order (T*K of this batch, or whatever rows an expert-parallel dispatch delivered).
+
+The stages are separate so that code outside the model can take them apart (``xtrain.parallel.expert_parallel``
+moves the sorted rows to the ranks that hold their experts between ``permute`` and ``compute``):
+
+- ``forward(x_TD, weights_TK, experts_TK, counts_E)``: the whole chain on one device (permute → compute → combine);
+- ``compute(x_SD, weight_S1, counts_E)``: the local experts on plain local tensors (the fast path: torch's grouped
+  matmul; the reference path: one matmul per expert, ``experts_impl="loop"``);
+- ``forward_slices``: ``compute`` over several batches of rows in one module call, so that a wrapper that hooks
+  module calls (FSDP's gather and gradient reduction) runs once for all of them.
+
+Parameters may be DTensors after an expert-parallel step (sharded on the expert dimension): ``compute`` works on
+their local part, duck-typed (``to_local``), so this package needs no torch.distributed.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -12,10 +28,72 @@ from torch import nn
 from xtrain.model.moe.config import MoEConfig
 from xtrain.model.moe.cpu_experts import FusedExpertsCPU
 from xtrain.model.moe.grouped_mm import GroupedImpl, grouped_mm, resolve_impl
-from xtrain.model.moe.permute import CombineRows, DispatchRows, WeightedSwiGLU, group_layout, sort_slots
+from xtrain.model.moe.permute import WeightedSwiGLU, combine_rows, dispatch_rows, group_offsets, permute_slots
+
+ExpertRows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""One batch for ``compute``: rows x_SD sorted by (local) expert, their routing weights weight_S1, rows per
+expert counts_E."""
 
 
-class GroupedExperts(nn.Module):
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a parameter sharded on the expert dimension (a DTensor's local tensor, differentiable),
+    or the tensor itself."""
+    to_local: Callable[[], torch.Tensor] | None = getattr(tensor, "to_local", None)
+    return tensor if to_local is None else to_local()
+
+
+class RoutedExperts(nn.Module):
+    """What both expert kinds share: the stage chain on one device and the sliced call; subclasses implement
+    ``compute``."""
+
+    config: MoEConfig
+    gate_up_proj: nn.Parameter
+    down_proj: nn.Parameter
+
+    def compute(self, x_SD: torch.Tensor, weight_S1: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+        """Rows sorted by expert [S, D], their routing weights [S, 1], rows per expert [E] -> out_SD [S, D],
+        already multiplied by the routing weight."""
+        raise NotImplementedError
+
+    def impl_for(self, x: torch.Tensor) -> GroupedImpl:
+        """The grouped-matmul implementation used for this input (device, dtype, shapes)."""
+        # "cpu_fused" concerns the whole one-device chain only (GroupedExperts); for compute it means "auto".
+        requested = "auto" if self.config.experts_impl == "cpu_fused" else self.config.experts_impl
+        gate_up, down = local_part(self.gate_up_proj), local_part(self.down_proj)
+        first = resolve_impl(requested, x, gate_up.transpose(-2, -1))
+        second = resolve_impl(requested, x, down.transpose(-2, -1))
+        return "grouped_mm" if first == second == "grouped_mm" else "loop"
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        routing_weights: torch.Tensor,
+        routed_experts: torch.Tensor,
+        tokens_per_expert: torch.Tensor,
+    ) -> torch.Tensor:
+        """x [T, D], routing weights and expert ids [T, K], tokens per expert [E] -> y [T, D], on one device."""
+        layout, weight_S1 = permute_slots(routed_experts, routing_weights)
+        out_SD = self.compute(dispatch_rows(x, layout), weight_S1, tokens_per_expert)
+        return combine_rows(out_SD, layout)
+
+    def forward_slices(
+        self,
+        pending: Sequence[torch.Tensor],
+        arrive: Callable[[int, torch.Tensor], ExpertRows],
+        depart: Callable[[int, torch.Tensor], torch.Tensor],
+    ) -> list[torch.Tensor]:
+        """``compute`` over several batches, one after another, in one call: batch i is ``arrive(i, pending[i])``
+        (the caller may wait for its rows there), its output goes to ``depart(i, out_SD)``, whose results are
+        returned. ``pending`` holds what the batches are made from, as arguments, so that hooks on this call see
+        the tensors the computation really consumes."""
+        results = []
+        for index, source in enumerate(pending):
+            x_SD, weight_S1, counts_E = arrive(index, source)
+            results.append(depart(index, self.compute(x_SD, weight_S1, counts_E)))
+        return results
+
+
+class GroupedExperts(RoutedExperts):
     """E SwiGLU experts stored as stacked tensors, computed dropless with grouped matmuls.
 
     Parameters (the layout transformers 5.x keeps in memory for Qwen3-MoE / DeepSeek-V3):
@@ -30,25 +108,18 @@ class GroupedExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * f, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(e, hidden_size, f))
 
-    def impl_for(self, x: torch.Tensor) -> GroupedImpl:
-        """The grouped-matmul implementation used for this input (device, dtype, shapes)."""
-        requested = "auto" if self.config.experts_impl == "cpu_fused" else self.config.experts_impl
-        first = resolve_impl(requested, x, self.gate_up_proj.transpose(-2, -1))
-        second = resolve_impl(requested, x, self.down_proj.transpose(-2, -1))
-        return "grouped_mm" if first == second == "grouped_mm" else "loop"
-
     def fused_cpu(self, x: torch.Tensor, impl: GroupedImpl) -> bool:
-        """Whether the experts run as `FusedExpertsCPU`: only when asked for (`experts_impl="cpu_fused"`), on the
-        CPU in eager mode where grouped_mm would run. The default fast path stays torch's grouped matmul, with no
-        Python loop over experts (accelerators, torch.compile, and CPU unless asked)."""
+        """Whether the one-device chain runs as `FusedExpertsCPU`: only when asked for (`experts_impl="cpu_fused"`),
+        on the CPU in eager mode where grouped_mm would run. The default fast path stays torch's grouped matmul,
+        with no Python loop over experts (accelerators, torch.compile, and CPU unless asked)."""
         return (
             self.config.experts_impl == "cpu_fused"
             and impl == "grouped_mm"
             and x.device.type == "cpu"
             and not torch.compiler.is_compiling()
+            and not hasattr(self.gate_up_proj, "to_local")  # whole experts only: not after expert parallelism
         )
 
-    # torch.autograd.Function.apply is untyped: the calls below carry a targeted ignore.
     def forward(
         self,
         x: torch.Tensor,
@@ -56,24 +127,23 @@ class GroupedExperts(nn.Module):
         routed_experts: torch.Tensor,
         tokens_per_expert: torch.Tensor,
     ) -> torch.Tensor:
-        """x [T, D], routing weights and expert ids [T, K], tokens per expert [E] -> y [T, D]."""
-        k = routed_experts.shape[1]
-        impl = self.impl_for(x)
-        order_S, token_S = sort_slots(routed_experts)
+        """x [T, D], routing weights and expert ids [T, K], tokens per expert [E] -> y [T, D], on one device."""
+        if not self.fused_cpu(x, self.impl_for(x)):
+            return super().forward(x, routing_weights, routed_experts, tokens_per_expert)
+        # Opt-in: torch's CPU grouped matmul is itself a loop of one matmul per expert; the fused loop runs the
+        # same matmuls for the three stages at once, without any S×D temporary (see cpu_experts.py).
+        layout, weight_S1 = permute_slots(routed_experts, routing_weights)
+        y: torch.Tensor = FusedExpertsCPU.apply(  # type: ignore[no-untyped-call]  # Function.apply is untyped
+            x, weight_S1, self.gate_up_proj, self.down_proj, layout.token_S, tokens_per_expert.tolist()
+        )
+        return y
+
+    def compute(self, x_SD: torch.Tensor, weight_S1: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+        """Rows sorted by expert [S, D], their routing weights [S, 1], rows per expert [E] -> out_SD [S, D]."""
+        impl = self.impl_for(x_SD)
+        offsets_E = group_offsets(counts_E)
+        gate_up_S2F = grouped_mm(x_SD, local_part(self.gate_up_proj).transpose(-2, -1), offsets_E, impl)
         # The routing weight scales the F-wide activation rather than the D-wide output: the same product
         # (the down projection is linear), a quarter of the elementwise work at F = D/4.
-        weight_S1 = routing_weights.reshape(-1)[order_S].unsqueeze(-1)
-        if self.fused_cpu(x, impl):
-            # Opt-in: torch's CPU grouped matmul is itself a loop of one matmul per expert; the fused loop runs
-            # the same matmuls without any S×D temporary (see cpu_experts.py).
-            y: torch.Tensor = FusedExpertsCPU.apply(  # type: ignore[no-untyped-call]
-                x, weight_S1, self.gate_up_proj, self.down_proj, token_S, tokens_per_expert.tolist()
-            )
-            return y
-        slot_rank_S, offsets_E = group_layout(order_S, tokens_per_expert)
-        x_SD: torch.Tensor = DispatchRows.apply(x, token_S, slot_rank_S, k)  # type: ignore[no-untyped-call]
-        gate_up_S2F = grouped_mm(x_SD, self.gate_up_proj.transpose(-2, -1), offsets_E, impl)
-        h_SF: torch.Tensor = WeightedSwiGLU.apply(gate_up_S2F, weight_S1)  # type: ignore[no-untyped-call]
-        out_SD = grouped_mm(h_SF, self.down_proj.transpose(-2, -1), offsets_E, impl)
-        y_TD: torch.Tensor = CombineRows.apply(out_SD, token_S, slot_rank_S, k)  # type: ignore[no-untyped-call]
-        return y_TD
+        h_SF: torch.Tensor = WeightedSwiGLU.apply(gate_up_S2F, weight_S1)  # type: ignore[no-untyped-call]  # Function.apply is untyped
+        return grouped_mm(h_SF, local_part(self.down_proj).transpose(-2, -1), offsets_E, impl)

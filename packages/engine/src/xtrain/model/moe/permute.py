@@ -11,6 +11,7 @@ what makes the block faster than a composition of standard ops.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,13 +49,47 @@ def sort_slots(routed_experts_TK: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return order_S, torch.div(order_S, routed_experts_TK.shape[1], rounding_mode="floor")
 
 
-@torch.no_grad()
-def group_layout(order_S: torch.Tensor, tokens_per_expert_E: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """What dispatch, the grouped matmuls and combine need beside the sort: ``slot_rank_S`` (the sorted position
-    of each slot, the inverse permutation) and ``offsets_E`` (int32 end of each expert's rows)."""
+@dataclass(frozen=True)
+class SlotLayout:
+    """Where the T*K token-expert slots of one batch go in expert order, and the way back: what dispatch and
+    combine need (built once by :func:`permute_slots`, on the device, no host synchronisation)."""
+
+    token_S: torch.Tensor  # noqa: N815 (shape suffix, see the legend)
+    """Token of each sorted slot."""
+    slot_rank_S: torch.Tensor  # noqa: N815 (shape suffix, see the legend)
+    """Sorted position of slot t*K + j (the inverse permutation)."""
+    k: int
+    """Experts per token."""
+    num_tokens: int
+    """Tokens T of the batch."""
+
+
+def permute_slots(routed_experts_TK: torch.Tensor, routing_weights_TK: torch.Tensor) -> tuple[SlotLayout, torch.Tensor]:
+    """The layout of the slots sorted by expert (stable: ties keep token order) and the routing weight of each
+    sorted slot, weight_S1 [S, 1] (with grad)."""
+    order_S, token_S = sort_slots(routed_experts_TK)
     slot_rank_S = torch.empty_like(order_S)
     slot_rank_S[order_S] = torch.arange(order_S.numel(), device=order_S.device)
-    return slot_rank_S, torch.cumsum(tokens_per_expert_E, dim=0).to(torch.int32)
+    weight_S1 = routing_weights_TK.reshape(-1)[order_S].unsqueeze(-1)
+    layout = SlotLayout(token_S, slot_rank_S, routed_experts_TK.shape[1], routed_experts_TK.shape[0])
+    return layout, weight_S1
+
+
+def dispatch_rows(x_TD: torch.Tensor, layout: SlotLayout) -> torch.Tensor:
+    """Token rows in expert order, x_SD = x_TD[token_S] (differentiable)."""
+    rows: torch.Tensor = DispatchRows.apply(x_TD, layout.token_S, layout.slot_rank_S, layout.k)  # type: ignore[no-untyped-call]  # Function.apply is untyped
+    return rows
+
+
+def combine_rows(out_SD: torch.Tensor, layout: SlotLayout) -> torch.Tensor:
+    """Rows in expert order summed back per token over its K slots, y_TD (differentiable)."""
+    y: torch.Tensor = CombineRows.apply(out_SD, layout.token_S, layout.slot_rank_S, layout.k)  # type: ignore[no-untyped-call]  # Function.apply is untyped
+    return y
+
+
+def group_offsets(tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+    """The grouped matmul's offsets: int32 end of each expert's rows."""
+    return torch.cumsum(tokens_per_expert_E, dim=0).to(torch.int32)
 
 
 def sum_slots(
