@@ -16,6 +16,7 @@ from clusterx.daemon.control import daemon_pid, start_daemon, stop_daemon
 from clusterx.daemon.fastpath import socket_path
 from clusterx.daemon.resources import Capacity
 from clusterx.daemon.scheduler import choose_jobs
+from clusterx.jobenv import CLUSTERX_VARIABLES
 from clusterx.store import QueuedJob
 
 from tests.clusterx.conftest import wait_until
@@ -45,6 +46,9 @@ def test_job_gets_its_environment_and_log_files(client: Client, monkeypatch: pyt
     assert env["PATH"] == os.defpath  # the spec gave none
     assert env["CLUSTERX_JOB_ID"] == str(record["id"]) and env["CLUSTERX_ATTEMPT"] == "1"
     assert env["CLUSTERX_RUN_DIR"] == done["run_dir"]
+    # The same CLUSTERX_* variables as on every backend (clusterx.jobenv), with this job's values.
+    assert sorted(k for k in env if k.startswith("CLUSTERX_")) == sorted(CLUSTERX_VARIABLES)
+    assert (env["CLUSTERX_BACKEND"], env["CLUSTERX_NODES"], env["CLUSTERX_PROCS_PER_NODE"]) == ("local", "1", "2")
     assert (env["MASTER_ADDR"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["NODE_RANK"]) == (
         "127.0.0.1",
         "2",

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from clusterx.backends.base import SubmitRequest
 from clusterx.errors import BackendError
+from clusterx.jobenv import CLUSTERX_VARIABLES
 from clusterx.spec import JobSpec, env_from_shell
 from clusterx.states import JobState
 
@@ -129,6 +130,8 @@ def test_a_job_that_succeeds(slurm_cluster: SlurmCluster, tmp_path: Path, monkey
         "1",
         str(run_dir),
     )
+    assert sorted(k for k in env if k.startswith("CLUSTERX_")) == sorted(CLUSTERX_VARIABLES)  # as on local
+    assert env["CLUSTERX_BACKEND"] == "slurm"
     # Nothing but the spec's variables and those Slurm, bash and clusterx set themselves.
     spec_env = JobSpec.model_validate_json(request.spec_json).env
     own = {"PWD", "SHLVL", "_", "OLDPWD", "TMPDIR", "SRUN_DEBUG", "MASTER_ADDR", "MASTER_PORT"}

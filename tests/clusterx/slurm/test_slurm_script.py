@@ -9,8 +9,9 @@ import pytest
 from clusterx.backends.base import SubmitRequest
 from clusterx.backends.slurm import SlurmBackend
 from clusterx.backends.slurm.options import SlurmOptions
-from clusterx.backends.slurm.script import render_sbatch_script, slurm_job_name
+from clusterx.backends.slurm.script import TEMPLATE_PATH, fill_template, render_sbatch_script, slurm_job_name
 from clusterx.errors import SpecError
+from clusterx.jobenv import CLUSTERX_VARIABLES
 from clusterx.spec import JobSpec
 
 HOSTILE_ARGS = [
@@ -125,15 +126,14 @@ def test_environment_is_the_spec_plus_clusterx_variables(tmp_path: Path, monkeyp
     assert names == [
         "NOTE",
         "PATH",
-        "CLUSTERX_JOB_ID",
-        "CLUSTERX_ATTEMPT",
-        "CLUSTERX_RUN_DIR",
-        "CLUSTERX_BACKEND",
+        *CLUSTERX_VARIABLES,  # the one builder of every backend (clusterx.jobenv)
+        "CLUSTERX_ATTEMPT",  # plus Slurm's restart count: a requeued run is the next attempt
         "SLURM_EXPORT_ENV",
         "MASTER_ADDR",
     ]
     assert "must-not-appear" not in script
     assert "export CLUSTERX_ATTEMPT=2" in exports
+    assert "export CLUSTERX_BACKEND=slurm" in exports
     assert "export CLUSTERX_RUN_DIR=/runs/r1" in exports
     # The value round-trips through the shell unchanged.
     line = next(e for e in exports if e.startswith("export NOTE="))
@@ -187,3 +187,24 @@ def test_unknown_backend_options_are_named(tmp_path: Path) -> None:
         render(JobSpec(command=["true"], backend_options={"lanucher": "torchrun"}), tmp_path)
     with pytest.raises(SpecError, match="'launcher'"):
         SlurmOptions.from_maps({"launcher": "mpirun"})
+
+
+def test_the_template_is_bash_and_every_rendering_too(tmp_path: Path) -> None:
+    checked = subprocess.run(["bash", "-n", str(TEMPLATE_PATH)], capture_output=True, text=True, check=False)
+    assert checked.returncode == 0, checked.stderr
+    assert TEMPLATE_PATH.read_text().startswith("#!/bin/bash\n")
+    for spec in (
+        JobSpec(command=["printf", "%s|", *HOSTILE_ARGS], time_limit="1h", nodes=2),
+        JobSpec(command=["torchrun", "--nproc-per-node", "2", "t.py"], procs_per_node=2, gpus_per_node=2),
+    ):
+        script = render(spec, tmp_path)
+        assert "{{" not in script
+        checked = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, check=False)
+        assert checked.returncode == 0, checked.stderr
+
+
+def test_template_placeholders_are_filled_once_and_all() -> None:
+    # A value holding a placeholder's spelling is not expanded again (a job name cannot inject a line).
+    assert fill_template("a={{a}} b={{b}}", {"a": "{{b}}", "b": "2"}) == "a={{b}} b=2"
+    with pytest.raises(KeyError, match="'b'"):
+        fill_template("{{a}}{{b}}", {"a": "1"})

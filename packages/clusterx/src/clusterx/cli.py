@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import click
 
 from clusterx import __version__
+from clusterx.backends.registry import BACKEND_NAMES, BACKENDS, DEFAULT_BACKEND
 
 if TYPE_CHECKING:
     from clusterx.client import Client
@@ -95,7 +96,7 @@ def main(ctx: click.Context, db: str | None) -> None:
 @click.option("--max-retries", type=int, help="extra attempts after a failure [0]")
 @click.option("--partition", help="Slurm partition")
 @click.option("--run-dir", help="run directory [chosen by clusterx]")
-@click.option("--backend", type=click.Choice(["local", "slurm", "fake"]), help="where to run [local]")
+@click.option("--backend", type=click.Choice(BACKEND_NAMES), help=f"where to run [{DEFAULT_BACKEND}]")
 @click.option("--backend-option", "backend_options", multiple=True, metavar="KEY=VALUE", help="repeatable")
 @click.option("--submit-key", help="idempotency key: a repeated submit with the same key returns the same job")
 @click.option("--dryrun", is_flag=True, help="print what would be submitted (for Slurm, the sbatch script); "
@@ -114,7 +115,8 @@ def submit(ctx: click.Context, /, args: tuple[str, ...], dryrun: bool, as_json: 
 
     mapping, source = spec_mapping(args, options)
     db = ctx.find_root().obj.get("db")
-    if not dryrun and mapping.get("backend", "local") == "local":
+    backend = BACKENDS.get(mapping.get("backend", DEFAULT_BACKEND))  # an unknown name: JobSpec says so below
+    if not dryrun and backend is not None and backend.needs_daemon:
         # The quick way: the running daemon validates and stores the job (see clusterx.daemon.fastpath).
         from clusterx.daemon.fastpath import Unreachable, submit_via_daemon  # noqa: PLC0415
 

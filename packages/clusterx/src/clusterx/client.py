@@ -19,11 +19,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from clusterx.backends import get_backend, is_pollable
+from clusterx.backends import backend_info, get_backend, pollable_backends
 from clusterx.backends.base import Backend, BackendStatus, SubmitRequest
 from clusterx.db.engine import resolve_db_url
 from clusterx.db.models import Job, utcnow
-from clusterx.errors import BackendError, ClusterxError, JobStateError, NotOwnerError, ResourceError, SpecError
+from clusterx.errors import BackendError, ClusterxError, JobStateError, NotOwnerError, SpecError
 from clusterx.paths import attempt_dir, default_runs_dir
 from clusterx.record import job_record
 from clusterx.spec import JobSpec
@@ -68,7 +68,7 @@ class Client:
         workdir = str(Path(spec.workdir or Path.cwd()).resolve())
         run_dir = spec.run_dir or str(self.runs_dir / f"{spec.name}-{spec.submit_key[:8]}")
         spec = spec.model_copy(update={"workdir": workdir, "run_dir": str(Path(run_dir).resolve())})
-        check_resources(spec)
+        self._backend(spec.backend, spec.backend_options).check(spec)
         return spec
 
     def dryrun(self, spec: JobSpec) -> str:
@@ -92,7 +92,7 @@ class Client:
                 user=self.user,
                 submit_host=self.host,
                 backend=spec.backend,
-                state=JobState.PENDING.value,
+                state=JobState.PENDING,
                 spec=spec.model_dump(mode="json"),
                 run_dir=spec.run_dir,
                 log_paths={},
@@ -125,7 +125,7 @@ class Client:
     def _stuck_in_pending(job: Job) -> bool:
         """Stored, but its submitter died before handing it to the backend (a repeated submit recovers it)."""
         return (
-            job.state == JobState.PENDING.value
+            job.state == JobState.PENDING
             and job.backend_job_id is None
             and utcnow() - job.updated_at > STUCK_PENDING_AFTER
         )
@@ -157,7 +157,7 @@ class Client:
                 "submitted_at": utcnow(),
                 "raw_state": "SUBMITTED",
             },
-            attempt_fields={"state": JobState.QUEUED.value, "backend_job_id": backend_job_id},
+            attempt_fields={"state": JobState.QUEUED, "backend_job_id": backend_job_id},
         )
         return backend_job_id
 
@@ -189,12 +189,12 @@ class Client:
         """Block until the job ends; returns its record (a live one when `timeout_s` ran out)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         job = self.store.get(job_id)
-        if job.backend == "local" and not JobState(job.state).is_terminal:
+        if backend_info(job.backend).needs_daemon and not job.state.is_terminal:
             self._ensure_daemon()
         while True:
             self.reconcile(force=time.monotonic() - self._last_poll >= max(interval_s, 1.0))
             job = self.store.get(job_id)
-            if JobState(job.state).is_terminal or (deadline is not None and time.monotonic() >= deadline):
+            if job.state.is_terminal or (deadline is not None and time.monotonic() >= deadline):
                 return self.describe(job_id, poll=False)
             time.sleep(interval_s)
 
@@ -208,14 +208,14 @@ class Client:
                 raise NotOwnerError(f"job {job.id} belongs to {job.user}; only they can cancel it")
         result = {}
         for job in jobs:
-            if JobState(job.state).is_terminal:
-                result[job.id] = JobState(job.state)
+            if job.state.is_terminal:
+                result[job.id] = job.state
                 continue
             backend = self._backend(job.backend, job.spec.get("backend_options", {}))
-            if is_pollable(backend) and job.backend_job_id:
-                backend.cancel(job.backend_job_id)
+            if job.backend_job_id:
+                backend.cancel(job.backend_job_id)  # a daemon backend sends nothing: the flag below is its signal
             result[job.id] = self.store.request_cancel(job.id, f"client:{self.user}")
-            if job.backend == "local" and not result[job.id].is_terminal:
+            if backend_info(job.backend).needs_daemon and not result[job.id].is_terminal:
                 self._ensure_daemon()  # the daemon acts on the cancel flag: make sure one runs
         return result
 
@@ -223,7 +223,7 @@ class Client:
         """A new job from an ended job's spec (same run directory, so training resumes from its checkpoints),
         linked to it by `retry_of`. The ended job itself never changes."""
         job = self.store.get(job_id)
-        if not JobState(job.state).is_terminal:
+        if not job.state.is_terminal:
             raise JobStateError(f"job {job_id} is still {job.state}; wait for it or cancel it before retrying")
         spec = JobSpec.model_validate(job.spec).model_copy(update={"submit_key": uuid.uuid4().hex})
         return self.submit(spec, retry_of=job_id)
@@ -245,7 +245,7 @@ class Client:
     def is_live(self, job_id: int) -> bool:
         """True while the job has not ended (asks polled backends first, rate-limited)."""
         self.reconcile()
-        return not JobState(self.store.get(job_id).state).is_terminal
+        return not self.store.get(job_id).state.is_terminal
 
     # -- polling backends ---------------------------------------------------------------------------------------
     def reconcile(self, *, force: bool = False) -> None:
@@ -255,7 +255,7 @@ class Client:
             return
         self._last_poll = now
         self.poll_errors = []
-        live = self.store.live_jobs(["slurm", "fake"])
+        live = self.store.live_jobs(pollable_backends())
         groups: dict[tuple[str, tuple[tuple[str, str], ...]], list[Job]] = {}
         for job in live:
             if job.backend_job_id:
@@ -295,7 +295,7 @@ class Client:
         if status.ended_at is not None:
             fields["ended_at"] = status.ended_at
         attempt_fields = {
-            "state": status.state.value,
+            "state": status.state,
             "backend_job_id": status.backend_job_id,
             "exit_code": status.exit_code,
             "reason": status.reason,
@@ -318,47 +318,10 @@ class Client:
     def _backend(self, name: str, options: Mapping[str, str]) -> Backend:
         key = (name, tuple(sorted(options.items())))
         if key not in self._backends:
-            self._backends[key] = (
-                get_backend(name, options, db_url=self.url) if name == "local" else get_backend(name, options)
-            )
+            self._backends[key] = get_backend(name, options, db_url=self.url)
         return self._backends[key]
 
     def _ensure_daemon(self) -> None:
         from clusterx.daemon.control import start_daemon  # noqa: PLC0415 (lazy: only local jobs need it)
 
         start_daemon(self.url)
-
-
-def check_resources(spec: JobSpec) -> None:
-    """Reject what the backend can never run, before anything is stored."""
-    if spec.backend != "local":
-        return
-    if spec.nodes != 1:
-        raise ResourceError(
-            f"the local backend runs a job on this one machine, so nodes must be 1 (got {spec.nodes}); "
-            "use --backend slurm for several nodes"
-        )
-    if spec.workdir is not None and not Path(spec.workdir).is_dir():
-        raise SpecError(f"working directory {spec.workdir} does not exist")
-    import psutil  # noqa: PLC0415 (lazy: the slurm path never needs it)
-
-    cpus = psutil.cpu_count(logical=True) or 1
-    if spec.cpus_needed > cpus:
-        raise ResourceError(
-            f"the job needs {spec.cpus_needed} CPU cores per node but this machine has {cpus}; "
-            "lower --cpus-per-node / --procs-per-node"
-        )
-    mem_mib = psutil.virtual_memory().total // (1024 * 1024)
-    if spec.mem_per_node is not None and spec.mem_per_node > mem_mib:
-        raise ResourceError(
-            f"the job needs {spec.mem_per_node} MiB of memory but this machine has {mem_mib} MiB; lower --mem"
-        )
-    if spec.gpus_per_node > 0:
-        from clusterx.daemon.resources import gpu_indices  # noqa: PLC0415 (NVML only for GPU requests)
-
-        gpus = len(gpu_indices())
-        if spec.gpus_per_node > gpus:
-            raise ResourceError(
-                f"the job needs {spec.gpus_per_node} GPU(s) but this machine has {gpus}; lower --gpus-per-node "
-                "or submit to a backend with GPUs"
-            )

@@ -22,7 +22,7 @@ def job_record(job: Job, events: list[JobEvent] | None = None, attempts: list[At
         "submit_host": job.submit_host,
         "backend": job.backend,
         "backend_job_id": job.backend_job_id,
-        "state": job.state,
+        "state": job.state.value,
         "raw_state": job.raw_state,
         "spec": job.spec,
         "rendered_request": job.rendered_request,
@@ -48,8 +48,8 @@ def job_record(job: Job, events: list[JobEvent] | None = None, attempts: list[At
             {
                 "at": iso(e.at),
                 "attempt": e.attempt,
-                "from_state": e.from_state,
-                "to_state": e.to_state,
+                "from_state": e.from_state.value if e.from_state else None,
+                "to_state": e.to_state.value,
                 "source": e.source,
                 "message": e.message,
             }
@@ -60,7 +60,7 @@ def job_record(job: Job, events: list[JobEvent] | None = None, attempts: list[At
             {
                 "attempt": a.attempt,
                 "backend_job_id": a.backend_job_id,
-                "state": a.state,
+                "state": a.state.value,
                 "exit_code": a.exit_code,
                 "reason": a.reason,
                 "host": a.host,

@@ -14,10 +14,11 @@ import re
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from clusterx.backends.registry import BACKENDS, DEFAULT_BACKEND
 from clusterx.environment import ENV_KEY, env_from_shell, looks_secret, parse_env_assignment
 from clusterx.errors import SpecError
 from clusterx.specfile import read_spec_file
@@ -31,8 +32,6 @@ __all__ = [
     "parse_env_assignment",
     "parse_memory_mib",
 ]
-
-BackendName = Literal["local", "slurm", "fake"]
 
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
 _MEMORY_FACTOR_MIB = {"K": 1 / 1024, "M": 1, "": 1, "G": 1024, "T": 1024 * 1024}
@@ -94,7 +93,7 @@ class JobSpec(BaseModel):
     max_retries: int = Field(default=0, ge=0, le=100, description="extra attempts after a failed one")
     partition: str | None = Field(default=None, description="Slurm partition")
     run_dir: str | None = Field(default=None, description="run directory; chosen by clusterx when unset")
-    backend: BackendName = "local"
+    backend: str = Field(default=DEFAULT_BACKEND, description="where it runs: a name in clusterx.backends.BACKENDS")
     backend_options: dict[str, str] = Field(default_factory=dict, description="backend-specific settings")
     submit_key: str = Field(
         default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=64, description="makes submit idempotent"
@@ -109,6 +108,13 @@ class JobSpec(BaseModel):
     @classmethod
     def _parse_time(cls, value: Any) -> Any:
         return parse_duration_seconds(value) if isinstance(value, str) else value
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        if value not in BACKENDS:
+            raise ValueError(f"unknown backend {value!r}; choose one of {', '.join(BACKENDS)}")
+        return value
 
     @field_validator("command")
     @classmethod

@@ -18,6 +18,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
+from clusterx.backends.registry import backend_info
 from clusterx.db.engine import ensure_schema, make_engine, retry_db
 from clusterx.db.models import Attempt, Job, JobEvent, utcnow
 from clusterx.errors import DatabaseConfigError, JobNotFoundError
@@ -130,7 +131,7 @@ class JobStore:
         query = select(Job).order_by(Job.id.desc())
         states = list(states)
         if live_only:
-            states = [s.value for s in JobState if not s.is_terminal]
+            states = [s for s in JobState if not s.is_terminal]
         if states:
             query = query.where(Job.state.in_(states))
         if user:
@@ -163,7 +164,7 @@ class JobStore:
         consumed, so that a pass that stops early reads little. `fits` leaves out jobs larger than it."""
         query = (
             select(Job.id, Job.priority, Job.cpus, Job.gpus, Job.mem_mib)
-            .where(Job.state == JobState.QUEUED.value, Job.backend == backend, Job.cancel_requested.is_(False))
+            .where(Job.state == JobState.QUEUED, Job.backend == backend, Job.cancel_requested.is_(False))
             .order_by(Job.priority.desc(), Job.id)
         )
         if host is not None:
@@ -198,7 +199,7 @@ class JobStore:
             job = session.get(Job, job_id, with_for_update=True)
             if job is None:
                 raise JobNotFoundError(f"no job {job_id} in {self.shown_url}")
-            current = JobState(job.state)
+            current = job.state
             if current.is_terminal:
                 return False
             if expect_attempt is not None and job.attempt != expect_attempt:
@@ -210,9 +211,9 @@ class JobStore:
             if state is not None and state != current:
                 if not may_transition(current, state):
                     return False
-                job.state = state.value
+                job.state = state
                 changed = True
-                session.add(_event(job.id, job.attempt, current.value, state.value, source=source, message=message))
+                session.add(_event(job.id, job.attempt, current, state, source=source, message=message))
                 if state in (JobState.RUNNING, JobState.STARTING) and job.started_at is None:
                     job.started_at = now
                 if state.is_terminal and job.ended_at is None:
@@ -244,13 +245,11 @@ class JobStore:
 
         def change(session: Session) -> bool:
             job = session.get(Job, job_id, with_for_update=True)
-            if job is None or JobState(job.state).is_terminal or job.attempt != expect_attempt:
+            if job is None or job.state.is_terminal or job.attempt != expect_attempt:
                 return False
             _upsert_attempt(session, job, attempt_fields)
-            session.add(
-                _event(job.id, job.attempt + 1, job.state, JobState.QUEUED.value, source=source, message=message)
-            )
-            job.state = JobState.QUEUED.value
+            session.add(_event(job.id, job.attempt + 1, job.state, JobState.QUEUED, source=source, message=message))
+            job.state = JobState.QUEUED
             job.attempt += 1
             job.started_at = None
             job.exit_code = None
@@ -276,8 +275,8 @@ class JobStore:
         def change(session: Session) -> bool:
             result = session.execute(
                 update(Job)
-                .where(Job.id == job_id, Job.state == JobState.QUEUED.value, Job.cancel_requested.is_(False))
-                .values(state=JobState.STARTING.value, updated_at=utcnow())
+                .where(Job.id == job_id, Job.state == JobState.QUEUED, Job.cancel_requested.is_(False))
+                .values(state=JobState.STARTING, updated_at=utcnow())
             )
             if result.rowcount != 1:  # type: ignore[attr-defined]  # CursorResult of an UPDATE has rowcount
                 return False
@@ -286,8 +285,8 @@ class JobStore:
                 _event(
                     job_id,
                     attempt,
-                    JobState.QUEUED.value,
-                    JobState.STARTING.value,
+                    JobState.QUEUED,
+                    JobState.STARTING,
                     source=source,
                     message="resources granted",
                 )
@@ -304,20 +303,20 @@ class JobStore:
             job = session.get(Job, job_id, with_for_update=True)
             if job is None:
                 raise JobNotFoundError(f"no job {job_id} in {self.shown_url}")
-            current = JobState(job.state)
+            current = job.state
             if current.is_terminal:
                 return current
             job.cancel_requested = True
             job.updated_at = utcnow()
-            not_started = current == JobState.PENDING or (current == JobState.QUEUED and job.backend == "local")
+            # A daemon backend's queue is this database: its queued job has not been handed to anyone yet.
+            queued_here = current == JobState.QUEUED and backend_info(job.backend).needs_daemon
+            not_started = current == JobState.PENDING or queued_here
             if not_started:
-                job.state = JobState.CANCELLED.value
+                job.state = JobState.CANCELLED
                 job.ended_at = job.updated_at
                 job.raw_state = "CANCELLED"
                 session.add(
-                    _event(
-                        job.id, job.attempt, current.value, job.state, source=source, message="cancelled before it ran"
-                    )
+                    _event(job.id, job.attempt, current, job.state, source=source, message="cancelled before it ran")
                 )
                 return JobState.CANCELLED
             return current
@@ -333,7 +332,7 @@ class JobStore:
                 update(Job)
                 .where(
                     Job.id == job_id,
-                    Job.state == JobState.PENDING.value,
+                    Job.state == JobState.PENDING,
                     Job.backend_job_id.is_(None),
                     Job.updated_at == observed_updated_at,
                 )
@@ -354,27 +353,27 @@ class JobStore:
         def change(session: Session) -> bool:
             result = session.execute(
                 update(Job)
-                .where(Job.id == job_id, Job.state == JobState.STARTING.value)
-                .values(state=JobState.QUEUED.value, updated_at=utcnow())
+                .where(Job.id == job_id, Job.state == JobState.STARTING)
+                .values(state=JobState.QUEUED, updated_at=utcnow())
             )
             if result.rowcount != 1:  # type: ignore[attr-defined]  # CursorResult of an UPDATE has rowcount
                 return False
             attempt = session.execute(select(Job.attempt).where(Job.id == job_id)).scalar_one()
-            session.add(
-                _event(job_id, attempt, JobState.STARTING.value, JobState.QUEUED.value, source=source, message=message)
-            )
+            session.add(_event(job_id, attempt, JobState.STARTING, JobState.QUEUED, source=source, message=message))
             return True
 
         return self.write(change)
 
     def live_jobs(self, backends: Sequence[str]) -> list[Job]:
         query = select(Job).where(
-            Job.backend.in_(list(backends)), Job.state.in_([s.value for s in JobState if not s.is_terminal])
+            Job.backend.in_(list(backends)), Job.state.in_([s for s in JobState if not s.is_terminal])
         )
         return self.read(lambda s: list(s.execute(query).scalars()))
 
 
-def _event(job_id: int, attempt: int, from_state: str | None, to_state: str, *, source: str, message: str) -> JobEvent:
+def _event(
+    job_id: int, attempt: int, from_state: JobState | None, to_state: JobState, *, source: str, message: str
+) -> JobEvent:
     return JobEvent(
         job_id=job_id,
         at=utcnow(),

@@ -11,9 +11,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from clusterx.states import JobState
+
+if TYPE_CHECKING:
+    from clusterx.spec import JobSpec
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,11 @@ class BackendStatus:
 
 
 class Backend(Protocol):
-    name: str
+    name: str  # its key in clusterx.backends.registry.BACKENDS, where its capabilities are
+
+    def check(self, spec: JobSpec) -> None:
+        """Refuse, with a SpecError or ResourceError, a spec this backend can never run (before it is stored)."""
+        ...
 
     def dryrun(self, request: SubmitRequest) -> str:
         """The exact request that `submit` would send (for Slurm, the sbatch script); sends nothing."""

@@ -21,7 +21,6 @@ from clusterx.states import JobState
 
 class FakeBackend:
     name = "fake"
-    pollable = True
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         options = dict(options or {})
@@ -30,6 +29,9 @@ class FakeBackend:
             raise SpecError(f"fake backend: unknown option(s) {sorted(unknown)}; the only option is state_dir")
         self.state_dir = Path(options.get("state_dir") or Path(tempfile.gettempdir()) / "clusterx-fake")
         self.state_dir.mkdir(parents=True, exist_ok=True)
+
+    def check(self, spec: JobSpec) -> None:
+        """The fake cluster takes any request."""
 
     def dryrun(self, request: SubmitRequest) -> str:
         spec = JobSpec.model_validate_json(request.spec_json)

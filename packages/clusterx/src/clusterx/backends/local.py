@@ -11,15 +11,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from clusterx.backends.base import BackendStatus, SubmitRequest
-from clusterx.errors import SpecError
+from clusterx.errors import ResourceError, SpecError
 from clusterx.spec import JobSpec
 
 OPTIONS = ("autostart",)
+# Values the daemon fills in at start, shown as such by the dry run.
+_AT_START = {"MASTER_PORT": "...", "CUDA_VISIBLE_DEVICES": "..."}
 
 
 class LocalBackend:
     name = "local"
-    pollable = False  # the daemon writes job states into the database itself
 
     def __init__(self, options: Mapping[str, str] | None = None, db_url: str | None = None) -> None:
         options = dict(options or {})
@@ -29,18 +30,54 @@ class LocalBackend:
         self.autostart = options.get("autostart", "true").lower() not in ("false", "0", "no")
         self.db_url = db_url
 
+    def check(self, spec: JobSpec) -> None:
+        """Refuse what this machine can never run, before anything is stored."""
+        if spec.nodes != 1:
+            raise ResourceError(
+                f"the local backend runs a job on this one machine, so nodes must be 1 (got {spec.nodes}); "
+                "use --backend slurm for several nodes"
+            )
+        if spec.workdir is not None and not Path(spec.workdir).is_dir():
+            raise SpecError(f"working directory {spec.workdir} does not exist")
+        import psutil  # noqa: PLC0415 (lazy: the other backends never need it)
+
+        cpus = psutil.cpu_count(logical=True) or 1
+        if spec.cpus_needed > cpus:
+            raise ResourceError(
+                f"the job needs {spec.cpus_needed} CPU cores per node but this machine has {cpus}; "
+                "lower --cpus-per-node / --procs-per-node"
+            )
+        mem_mib = psutil.virtual_memory().total // (1024 * 1024)
+        if spec.mem_per_node is not None and spec.mem_per_node > mem_mib:
+            raise ResourceError(
+                f"the job needs {spec.mem_per_node} MiB of memory but this machine has {mem_mib} MiB; lower --mem"
+            )
+        if spec.gpus_per_node > 0:
+            from clusterx.daemon.resources import gpu_indices  # noqa: PLC0415 (NVML only for GPU requests)
+
+            gpus = len(gpu_indices())
+            if spec.gpus_per_node > gpus:
+                raise ResourceError(
+                    f"the job needs {spec.gpus_per_node} GPU(s) but this machine has {gpus}; lower --gpus-per-node "
+                    "or submit to a backend with GPUs"
+                )
+
     def dryrun(self, request: SubmitRequest) -> str:
-        """What the daemon would run: the command, its directory and environment (clusterx's variables named,
-        their per-run values filled in at start)."""
+        """What the daemon would run: the command, its directory and environment (the values it chooses at start
+        shown as '...')."""
+        from clusterx.daemon.launch import local_environment  # noqa: PLC0415 (the daemon's own builder)
+
         spec = JobSpec.model_validate_json(request.spec_json)
+        env = local_environment(
+            spec, job_id=request.job_id, attempt=request.attempt, run_dir=spec.run_dir or str(request.log_dir),
+            gpu_ids=[], master_port=0,
+        )  # fmt: skip
+        env.update(_AT_START)
         lines = [
             "# local backend: the clusterx daemon on this machine runs",
             f"cd {shlex.quote(spec.workdir or '.')}",
             "env -i \\",
-            *(f"  {key}={shlex.quote(value)} \\" for key, value in sorted(spec.env.items())),
-            "  CLUSTERX_JOB_ID=... CLUSTERX_ATTEMPT=... CLUSTERX_RUN_DIR=... MASTER_ADDR=127.0.0.1 MASTER_PORT=... \\",
-            f"  WORLD_SIZE={spec.world_size} NODE_RANK=0 LOCAL_WORLD_SIZE={spec.procs_per_node} "
-            "CUDA_VISIBLE_DEVICES=... \\",
+            *(f"  {key}={shlex.quote(value) if value != '...' else value} \\" for key, value in env.items()),
             f"  {shlex.join(spec.command)}",
             f"# stdout: {request.log_dir / 'stdout.log'}",
             f"# stderr: {request.log_dir / 'stderr.log'}",

@@ -13,10 +13,12 @@ from pathlib import Path
 import psutil
 
 from clusterx.daemon import wrapper
+from clusterx.jobenv import job_environment
 from clusterx.paths import attempt_dir
 from clusterx.spec import JobSpec
 
 WRAPPER = Path(wrapper.__file__)
+LOCAL_BACKEND = "local"  # this daemon is the local backend's (clusterx.backends.local)
 
 
 @dataclass
@@ -33,26 +35,23 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def job_environment(
+def local_environment(
     spec: JobSpec, *, job_id: int, attempt: int, run_dir: str, gpu_ids: list[int], master_port: int
 ) -> dict[str, str]:
-    """Exactly the spec's environment plus what clusterx tells the job (the torchrun variables among them)."""
-    env = dict(spec.env)
-    env.setdefault("PATH", os.defpath)
-    env.update(
-        {
-            "CLUSTERX_JOB_ID": str(job_id),
-            "CLUSTERX_ATTEMPT": str(attempt),
-            "CLUSTERX_RUN_DIR": run_dir,
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(master_port),
-            "WORLD_SIZE": str(spec.world_size),
-            "NODE_RANK": "0",
-            "LOCAL_WORLD_SIZE": str(spec.procs_per_node),
-            # A job that asked for no GPU sees none: it cannot take another job's GPU by accident.
-            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_ids),
-        }
+    """The job's environment (clusterx.jobenv) plus what the local launcher tells it (torchrun's variables)."""
+    launcher = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(master_port),
+        "WORLD_SIZE": str(spec.world_size),
+        "NODE_RANK": "0",
+        "LOCAL_WORLD_SIZE": str(spec.procs_per_node),
+        # A job that asked for no GPU sees none: it cannot take another job's GPU by accident.
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_ids),
+    }
+    env = job_environment(
+        spec, backend=LOCAL_BACKEND, job_id=job_id, attempt=attempt, run_dir=run_dir, launcher=launcher
     )
+    env.setdefault("PATH", os.defpath)
     return env
 
 
@@ -61,7 +60,7 @@ def launch(spec: JobSpec, job_id: int, attempt: int, run_dir: str, gpu_ids: list
     directory.mkdir(parents=True, exist_ok=True)
     for stale in (wrapper.EXIT_FILE, wrapper.PID_FILE):
         (directory / stale).unlink(missing_ok=True)
-    env = job_environment(
+    env = local_environment(
         spec, job_id=job_id, attempt=attempt, run_dir=run_dir, gpu_ids=gpu_ids, master_port=free_port()
     )
     workdir = spec.workdir or run_dir

@@ -20,6 +20,7 @@ from subprocess import Popen
 
 import psutil
 
+from clusterx.backends.local import LocalBackend
 from clusterx.daemon import wrapper
 from clusterx.daemon.launch import launch, same_process_alive
 from clusterx.daemon.outcome import KillReason, outcome, read_exit_file
@@ -127,7 +128,7 @@ class Daemon:
         if free.cpus <= 0:
             return 0
         started = 0
-        with contextlib.closing(self.store.queued("local", self.host, fits=free)) as queue:
+        with contextlib.closing(self.store.queued(LocalBackend.name, self.host, fits=free)) as queue:
             chosen = choose_jobs(queue, free)
         for queued in chosen:
             if self.store.claim(queued.id, SOURCE):
@@ -149,7 +150,7 @@ class Daemon:
             self.store.apply(
                 job.id, SOURCE, reason, JobState.FAILED,
                 fields={"failure_reason": reason, "raw_state": "LAUNCH_FAILED"},
-                attempt_fields={"state": JobState.FAILED.value, "reason": reason, "ended_at": utcnow()},
+                attempt_fields={"state": JobState.FAILED, "reason": reason, "ended_at": utcnow()},
             )  # fmt: skip
             return
         now = utcnow()
@@ -166,7 +167,7 @@ class Daemon:
                 "log_paths": {"stdout": str(directory / "stdout.log"), "stderr": str(directory / "stderr.log")},
             },
             attempt_fields={
-                "state": JobState.RUNNING.value,
+                "state": JobState.RUNNING,
                 "backend_job_id": job.backend_job_id,
                 "host": self.host,
                 "pid": launched.pid,
@@ -214,7 +215,7 @@ class Daemon:
         reason = wrapper_reason or result.reason
         ended = utcnow()
         attempt_fields = {
-            "state": result.state.value,
+            "state": result.state,
             "exit_code": result.exit_code,
             "reason": reason,
             "ended_at": ended,
@@ -271,7 +272,7 @@ class Daemon:
     # -- after a restart ----------------------------------------------------------------------------------------
     def reconcile(self) -> None:
         """Account for every job a previous daemon was running: adopt it, record its end, or mark it LOST."""
-        for job in self.store.live_jobs(["local"]):
+        for job in self.store.live_jobs([LocalBackend.name]):
             if job.submit_host != self.host or job.state not in (JobState.STARTING, JobState.RUNNING):
                 continue
             self._reconcile_one(job)
@@ -324,7 +325,7 @@ class Daemon:
             )
             self.store.apply(
                 job.id, SOURCE, reason, JobState.LOST, fields={"failure_reason": reason, "raw_state": "LOST"},
-                attempt_fields={"state": JobState.LOST.value, "reason": reason, "ended_at": utcnow()},
+                attempt_fields={"state": JobState.LOST, "reason": reason, "ended_at": utcnow()},
             )  # fmt: skip
             return
         self.finish(t, recorded[0] if recorded else None, recorded[1] if recorded else None)

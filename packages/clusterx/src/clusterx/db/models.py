@@ -13,6 +13,8 @@ from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from clusterx.states import JobState
+
 
 class UTCDateTime(TypeDecorator[datetime]):
     """Timestamps stored in UTC and read back timezone-aware (SQLite forgets the zone otherwise)."""
@@ -35,6 +37,20 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+class JobStateType(TypeDecorator[JobState]):
+    """A job state column: JobState in Python, its name (VARCHAR(16)) in the database. A value that is not a
+    state fails on the way in and on the way out, so no code converts state strings by hand."""
+
+    impl = String(16)
+    cache_ok = True
+
+    def process_bind_param(self, value: JobState | str | None, dialect: Dialect) -> str | None:
+        return None if value is None else JobState(value).value
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> JobState | None:
+        return None if value is None else JobState(value)
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -55,7 +71,7 @@ class Job(Base):
     submit_host: Mapped[str] = mapped_column(String(255))
     backend: Mapped[str] = mapped_column(String(16))
     backend_job_id: Mapped[str | None] = mapped_column(String(64))
-    state: Mapped[str] = mapped_column(String(16))
+    state: Mapped[JobState] = mapped_column(JobStateType)
     raw_state: Mapped[str | None] = mapped_column(String(64))
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     rendered_request: Mapped[str | None] = mapped_column(Text)
@@ -97,8 +113,8 @@ class JobEvent(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
     at: Mapped[datetime] = mapped_column(UTCDateTime)
     attempt: Mapped[int] = mapped_column(Integer)
-    from_state: Mapped[str | None] = mapped_column(String(16))
-    to_state: Mapped[str] = mapped_column(String(16))
+    from_state: Mapped[JobState | None] = mapped_column(JobStateType)
+    to_state: Mapped[JobState] = mapped_column(JobStateType)
     source: Mapped[str] = mapped_column(String(32))  # client, daemon, poll:<backend>, cli
     message: Mapped[str] = mapped_column(Text)
 
@@ -113,7 +129,7 @@ class Attempt(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
     attempt: Mapped[int] = mapped_column(Integer)
     backend_job_id: Mapped[str | None] = mapped_column(String(64))
-    state: Mapped[str] = mapped_column(String(16))
+    state: Mapped[JobState] = mapped_column(JobStateType)
     exit_code: Mapped[int | None] = mapped_column(Integer)
     reason: Mapped[str | None] = mapped_column(Text)
     host: Mapped[str | None] = mapped_column(String(255))

@@ -36,7 +36,6 @@ class SlurmBackend:
     """Runs jobs on a Slurm cluster. `options`: see SlurmOptions (slurm_conf, state_dir, accounting, ...)."""
 
     name = "slurm"
-    pollable = True
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         self._backend_options = dict(options or {})
@@ -62,6 +61,10 @@ class SlurmBackend:
             options=self._job_options(spec),
             submit_dir=submit_dir or Path.cwd(),
         )
+
+    def check(self, spec: JobSpec) -> None:
+        """Options are checked here; what the cluster can run, sbatch itself judges at submit."""
+        self._job_options(spec)
 
     def dryrun(self, request: SubmitRequest) -> str:
         return self.render(request)

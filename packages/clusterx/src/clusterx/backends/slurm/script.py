@@ -12,14 +12,17 @@ Choices (docs/clusterx-slurm.md explains them at length):
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from clusterx.errors import SpecError
-from clusterx.spec import JobSpec, looks_secret
+from clusterx.jobenv import job_environment
+from clusterx.spec import JobSpec
 
 from .options import SlurmOptions
 
@@ -110,23 +113,6 @@ def sbatch_directives(
     return directives
 
 
-def job_environment(spec: JobSpec, job_id: int, attempt: int, run_dir: str) -> dict[str, str]:
-    """Exactly what the job's processes see besides Slurm's and torchrun's own variables."""
-    for key in spec.env:
-        if looks_secret(key):  # the spec refuses these already; a script must never carry one
-            raise SpecError(f"environment variable {key} looks like a secret and is not written into a script")
-    env = dict(sorted(spec.env.items()))
-    env.update(
-        {
-            "CLUSTERX_JOB_ID": str(job_id),
-            "CLUSTERX_ATTEMPT": str(attempt),
-            "CLUSTERX_RUN_DIR": run_dir,
-            "CLUSTERX_BACKEND": "slurm",
-        }
-    )
-    return env
-
-
 def launch_command(spec: JobSpec, options: SlurmOptions, torchrun: bool) -> str:
     """The srun line that starts the job's processes (torchrun agents, or the command itself)."""
     srun = _tool(options, "srun")
@@ -164,83 +150,44 @@ def render_sbatch_script(
     options: SlurmOptions,
     submit_dir: Path,
 ) -> str:
-    """The whole batch script of one attempt."""
+    """The whole batch script of one attempt: the template with this job's values."""
     torchrun = uses_torchrun(spec, options)
     workdir = Path(spec.workdir) if spec.workdir else submit_dir
     run_dir = spec.run_dir or str(log_dir)
-    lines = [
-        "#!/bin/bash",
-        f"# clusterx job {job_id}, attempt {attempt}: rendered by clusterx, submitted with sbatch --parsable.",
-    ]
-    lines += [
+    directives = [
         f"#SBATCH --{key}={_directive_value(key, value)}"
         for key, value in sbatch_directives(spec, options, log_dir, workdir, torchrun)
     ]
-    time_limit_s = time_limit_minutes(spec.time_limit) * 60 if spec.time_limit else 0
-    state_dir = options.resolved_state_dir()
-    lines += [
-        "",
-        "# --export=NONE keeps the submitting shell out, but Slurm still loads the user's login environment on the",
-        "# node: drop every variable but Slurm's own, so the job sees exactly the spec's environment.",
-        "for __cx_var in $(compgen -e); do",
-        '  case "$__cx_var" in SLURM_* | SLURMD_*) ;; *) unset "$__cx_var" 2>/dev/null ;; esac',
-        "done",
-        "unset __cx_var",
-        "PATH=/usr/local/bin:/usr/bin:/bin  # not exported: finds this script's helpers unless the job sets PATH",
-        "",
-        "# Exit-code file: how clusterx learns how the job ended on a cluster without slurmdbd or completion log.",
-        f'__cx_status_file={shlex.quote(str(state_dir))}/"$SLURM_JOB_ID".status',
-        "printf -v __cx_start '%(%s)T' -1  # bash's own clock: no process to start",
-        "__cx_record() {  # rewrite the whole file and rename it into place: a reader never sees half of it",
-        f'  printf \'%s\\n\' "start=$__cx_start" "time_limit_s={time_limit_s}" "procs_per_node={spec.procs_per_node}" '
-        '"nodelist=$SLURM_JOB_NODELIST" "$@" >"$__cx_status_file.tmp" &&',
-        '    mv -f -- "$__cx_status_file.tmp" "$__cx_status_file"',
-        "}",
-        f"mkdir -p -- {shlex.quote(str(state_dir))} && __cx_record",
-        "__cx_child=",
-        # Slurm sends SIGTERM on scancel and at the time limit (SIGKILL follows KillWait seconds later):
-        # record it, pass it on to the processes, wait for them.
-        "__cx_slurm_view() {  # Slurm's state and reason as the script ends: COMPLETING|TimeLimit on a time-out,",
-        "  # COMPLETING|None on scancel (Slurm marks the job before it signals it); RUNNING when the job ended itself",
-        f"  timeout 20 {_tool(options, 'squeue')} --noheader --states=all --format='%T|%r' "
-        '--jobs="$SLURM_JOB_ID" 2>/dev/null',
-        "}",
-        # Each end is written twice: at once, then with Slurm's view, so SIGKILL (KillWait seconds after
-        # SIGTERM) arriving while squeue answers still leaves the end recorded.
-        "__cx_on_term() {",
-        "  printf -v __cx_end '%(%s)T' -1",
-        '  __cx_record "signal=TERM" "end=$__cx_end"',
-        '  __cx_record "signal=TERM" "slurm=$(__cx_slurm_view)" "end=$__cx_end"',
-        '  [ -n "$__cx_child" ] && kill -TERM "$__cx_child" 2>/dev/null',
-        "  wait",
-        "  exit 143",
-        "}",
-        "trap __cx_on_term TERM",
-        "",
-        "# The job's environment.",
-    ]
-    lines += [
-        f"export {key}={shlex.quote(value)}" for key, value in job_environment(spec, job_id, attempt, run_dir).items()
-    ]
-    lines += [
-        "# srun would inherit --export=NONE from sbatch (through SLURM_EXPORT_ENV): its tasks must see the above.",
-        "export SLURM_EXPORT_ENV=ALL",
-        'mkdir -p -- "$CLUSTERX_RUN_DIR"',
-        "",
-        "# Rendezvous: the first host of the allocation, a port derived from the job id.",
-        f'MASTER_ADDR=$({_tool(options, "scontrol")} show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"MASTER_PORT=$(({RDZV_PORT_BASE} + SLURM_JOB_ID % {RDZV_PORT_SPAN}))",
-        "export MASTER_ADDR MASTER_PORT",
-        "",
-        "# Launch: the job's processes run in the background so that the TERM trap above runs at once.",
-        f"{launch_command(spec, options, torchrun)} &",
-        "__cx_child=$!",
-        'wait "$__cx_child"',
-        "__cx_rc=$?",
-        "printf -v __cx_end '%(%s)T' -1",
-        '__cx_record "exit=$__cx_rc" "end=$__cx_end"',
-        '__cx_record "exit=$__cx_rc" "slurm=$(__cx_slurm_view)" "end=$__cx_end"',
-        'exit "$__cx_rc"',
-        "",
-    ]
-    return "\n".join(lines)
+    environment = job_environment(spec, backend="slurm", job_id=job_id, attempt=attempt, run_dir=run_dir)
+    values = {
+        "job_id": str(job_id),
+        "attempt": str(attempt),
+        "directives": "\n".join(directives),
+        "state_dir": shlex.quote(str(options.resolved_state_dir())),
+        "time_limit_s": str(time_limit_minutes(spec.time_limit) * 60 if spec.time_limit else 0),
+        "procs_per_node": str(spec.procs_per_node),
+        "squeue": _tool(options, "squeue"),
+        "scontrol": _tool(options, "scontrol"),
+        "environment": "\n".join(f"export {key}={shlex.quote(value)}" for key, value in environment.items()),
+        "rdzv_port_base": str(RDZV_PORT_BASE),
+        "rdzv_port_span": str(RDZV_PORT_SPAN),
+        "launch": launch_command(spec, options, torchrun),
+    }
+    return fill_template(sbatch_template(), values)
+
+
+TEMPLATE_PATH = Path(__file__).with_name("sbatch.template.sh")
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+
+
+@functools.cache
+def sbatch_template() -> str:
+    return TEMPLATE_PATH.read_text()
+
+
+def fill_template(template: str, values: Mapping[str, str]) -> str:
+    """Every {{name}} replaced by values[name], in one pass (a value holding '{{' is never read again)."""
+    missing = sorted(set(_PLACEHOLDER.findall(template)) - set(values))
+    if missing:
+        raise KeyError(f"no value for {missing} in the sbatch template")
+    return _PLACEHOLDER.sub(lambda match: values[match.group(1)], template)
