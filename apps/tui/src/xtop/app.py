@@ -1,71 +1,217 @@
-"""xtop: one screen over this machine's resources, clusterx's jobs, and the selected run's progress."""
+"""xtop: clusterx's jobs, a live run, this machine's devices and deeptrace's findings, one screen each.
+
+All reading (the database, run directories, NVML) happens in one worker thread per tick, so a slow database or
+file system never freezes the screen; the worker hands its results to the app's thread, which alone changes
+what the screens draw. Nothing here imports xtrain or torch.
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
 from textual import work
-from textual.app import App, ComposeResult
-from textual.binding import BindingType
-from textual.widgets import DataTable, Footer, Header
+from textual.app import App
+from textual.binding import Binding, BindingType
 
+from xtop.jobs import JobDelta, JobFeed, JobRow
 from xtop.resources import ResourceSample, sample_resources
-from xtop.sources import JobSource, RunSnapshot, RunSource
-from xtop.widgets import JobsTable, ResourcesPanel, RunPanel
+from xtop.screens.base import XtopScreen
+from xtop.screens.devices import DevicesScreen
+from xtop.screens.dialogs import ConfirmScreen, HelpScreen
+from xtop.screens.jobs import JobsScreen
+from xtop.screens.run import RunScreen
+from xtop.screens.trace import TraceScreen
+from xtop.state import XtopState, utc_now
 
 
 class XtopApp(App[None]):
     CSS_PATH = "xtop.tcss"
     TITLE = "xtop"
-    BINDINGS: ClassVar[list[BindingType]] = [("q", "quit", "Quit"), ("r", "refresh", "Refresh now")]
+    ENABLE_COMMAND_PALETTE = False  # every action has its key; ctrl+p stays free
+    MODES: ClassVar[dict[str, Any]] = {
+        "jobs": JobsScreen,
+        "run": RunScreen,
+        "devices": DevicesScreen,
+        "trace": TraceScreen,
+    }
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("1", "switch_mode('jobs')", "Jobs", show=False),
+        Binding("2", "switch_mode('run')", "Run", show=False),
+        Binding("3", "switch_mode('devices')", "Devices", show=False),
+        Binding("4", "switch_mode('trace')", "Trace", show=False),
+        Binding("question_mark", "help", "Help"),
+        Binding("ctrl+r", "refresh_now", "Refresh", show=False),
+        Binding("q", "quit", "Quit"),
+    ]
 
-    def __init__(self, db: str | None = None, run_dir: Path | None = None, refresh_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        db: str | None = None,
+        run_dirs: list[Path] | None = None,
+        refresh_s: float = 2.0,
+        *,
+        stale_after_s: float = 60.0,
+        clock: Callable[[], datetime] = utc_now,
+        wall_clock: Callable[[], float] | None = None,
+        sampler: Callable[[], ResourceSample] | None = None,
+        feed: JobFeed | None = None,
+        start_mode: str | None = None,
+    ) -> None:
+        """`clock`, `wall_clock` and `sampler` are what the snapshot tests fix (ages, heartbeats, devices)."""
         super().__init__()
-        self.db = db
         self.refresh_s = refresh_s
-        self._run_source: RunSource | None = RunSource(run_dir) if run_dir else None
-        self._job_source: JobSource | None = None
-
-    def compose(self) -> ComposeResult:
-        yield Header()
-        yield ResourcesPanel(id="resources")
-        yield JobsTable(id="jobs")
-        yield RunPanel(id="run")
-        yield Footer()
+        self.state = XtopState(
+            feed=feed or JobFeed(db), stale_after_s=stale_after_s, clock=clock, wall_clock=wall_clock,
+            sampler=sampler,
+        )  # fmt: skip
+        for run_dir in run_dirs or []:
+            self.state.open_run(Path(run_dir))
+        self.state.current_run = 0
+        self._start_mode = start_mode or ("run" if run_dirs else "jobs")
+        self._first_poll = True
+        self.ticks = 0  # refreshes applied, for tests waiting on "one refresh"
 
     def on_mount(self) -> None:
-        self.query_one(RunPanel).show(None)
-        self.action_refresh()
-        self.set_interval(self.refresh_s, self.action_refresh)
+        self.switch_mode(self._start_mode)
+        self.refresh_now()
+        self.set_interval(self.refresh_s, self.refresh_now)
 
-    def action_refresh(self) -> None:
-        self.refresh_data()
+    # -- refreshing ---------------------------------------------------------------------------------------------
+    def action_refresh_now(self) -> None:
+        self.refresh_now()
 
-    # I/O runs in a worker thread so a slow database or file system never freezes the screen.
-    @work(thread=True, exclusive=True, group="refresh")
-    def refresh_data(self) -> None:
-        resources = sample_resources()
-        if self._job_source is None:
-            self._job_source = JobSource(self.db)
-        jobs = self._job_source.jobs()
-        snapshot = self._run_source.poll() if self._run_source else None
-        self.call_from_thread(self._show, resources, jobs, snapshot)
+    def refresh_now(self) -> None:
+        self._poll()
 
-    def _show(self, resources: ResourceSample, jobs: list[dict[str, Any]], snap: RunSnapshot | None) -> None:
-        self.query_one(ResourcesPanel).show(resources)
-        self.query_one(JobsTable).show(jobs)
-        self.query_one(RunPanel).show(snap)
+    @work(thread=True, exclusive=True, group="refresh", exit_on_error=False)
+    def _poll(self) -> None:
+        state = self.state
+        if self._first_poll:  # the newest page first, so the table fills at once; the full read follows
+            self._first_poll = False
+            self.call_from_thread(self._apply_jobs, state.feed.first_page())
+        delta = state.feed.fetch()
+        sample = (state.sampler or sample_resources)()
+        target = state.run
+        if target is not None:
+            if target.source is None:
+                from xtop.run_source import RunSource  # noqa: PLC0415 (deeptrace's readers: after first paint)
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        """Follow the selected job's run directory."""
-        if event.row_key.value is None:
+                target.source = RunSource(target.run_dir, stale_after_s=state.stale_after_s)
+            target.source.poll(state.wall_clock() if state.wall_clock else time.time())
+        self.call_from_thread(self._apply, delta, sample)
+
+    def _apply_jobs(self, delta: JobDelta) -> None:
+        self.state.jobs.apply(delta)
+        self._update_screen()
+
+    def _apply(self, delta: JobDelta, sample: ResourceSample) -> None:
+        self.state.jobs.apply(delta)
+        self.state.resources.add(sample)
+        self.ticks += 1
+        self._update_screen()
+
+    def _update_screen(self) -> None:
+        screen = self.screen
+        if isinstance(screen, XtopScreen) and screen.is_mounted:
+            screen.update_view()
+        elif hasattr(screen, "poll") and isinstance(self.screen_stack[0], XtopScreen):
+            pass  # the log screen follows its file by itself
+
+    def memory_capacity(self) -> tuple[int, str] | None:
+        """What a rank's peak memory is measured against: the first GPU's memory, else this host's RAM."""
+        sample = self.state.resources.latest
+        if sample is None:
+            return None
+        if sample.gpus:
+            return sample.gpus[0].memory_total_bytes, "GPU memory"
+        return sample.memory_total_bytes, "host RAM"
+
+    # -- actions ------------------------------------------------------------------------------------------------
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def open_job_run(self, job: JobRow) -> None:
+        if not job.run_dir:
+            self.notify(f"job {job.id} has no run directory", severity="warning")
             return
-        run_dir = self.query_one(JobsTable).run_dirs.get(event.row_key.value)
-        if run_dir and (self._run_source is None or str(self._run_source.run_dir) != run_dir):
-            self._run_source = RunSource(run_dir)
-            self.action_refresh()
+        self.state.open_run(Path(job.run_dir), job.id)
+        self.switch_mode("run")
+        self.refresh_now()
+
+    def open_logs(self, job: JobRow) -> None:
+        from xtop.screens.logs import LogScreen  # noqa: PLC0415
+
+        try:
+            client = self.state.feed.client
+            paths = {"stdout": client.log_file(job.id, "stdout"), "stderr": client.log_file(job.id, "stderr")}
+        except Exception as error:  # the database went away, or the job did (see JobFeed._guarded)
+            self.notify(f"cannot find the logs of job {job.id}: {error}", severity="error")
+            return
+        self.push_screen(LogScreen(f"job {job.id} {job.name}", paths, refresh_s=min(self.refresh_s, 1.0)))
+
+    def confirm_cancel(self, job: JobRow) -> None:
+        if not job.live:
+            self.notify(f"job {job.id} has already ended ({job.state})", severity="warning")
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._run_action(lambda client: client.cancel([job.id]), f"cancel requested for job {job.id}")
+
+        self.push_screen(ConfirmScreen(f"Cancel job {job.id} ({job.name}, {job.state})?"), answered)
+
+    def resubmit(self, job: JobRow) -> None:
+        def retry(client: Any) -> str:
+            record = client.retry(job.id)
+            return f"job {record['id']} submitted (a retry of job {job.id})"
+
+        self._run_action(retry, None)
+
+    @work(thread=True, exit_on_error=False)
+    def _run_action(self, action: Callable[[Any], Any], message: str | None) -> None:
+        try:
+            result = action(self.state.feed.client)
+        except Exception as error:  # clusterx's refusals (not the owner, still running) are user messages
+            self.call_from_thread(self.notify, str(error), severity="error", timeout=8)
+            return
+        self.call_from_thread(self.notify, message or str(result))
+        self.call_from_thread(self.refresh_now)
+
+    def start_analysis(self) -> None:
+        from xtop.analysis import start_analysis  # noqa: PLC0415
+
+        target = self.state.run
+        if target is None:
+            self.notify("no run selected to analyse", severity="warning")
+            return
+        if self.state.analysis is not None and self.state.analysis.running:
+            self.notify("an analysis is already running", severity="warning")
+            return
+        self.state.analysis = start_analysis(target.run_dir)
+        self.switch_mode("trace")
+        self._watch_analysis()
+
+    @work(thread=True, exclusive=True, group="analysis", exit_on_error=False)
+    def _watch_analysis(self) -> None:
+        analysis = self.state.analysis
+        while analysis is not None and analysis.running:
+            self.call_from_thread(self._update_screen)
+            time.sleep(0.25)
+        self.call_from_thread(self._analysis_done)
+
+    def _analysis_done(self) -> None:
+        target = self.state.run
+        if target is not None and target.source is not None:
+            target.source.reload_report()
+        self.refresh_now()
+        analysis = self.state.analysis
+        if analysis is not None and analysis.failure:
+            self.notify(f"deeptrace analyze failed: {analysis.failure}", severity="error", timeout=10)
 
     def on_unmount(self) -> None:
-        if self._job_source is not None:
-            self._job_source.close()
+        self.state.feed.close()

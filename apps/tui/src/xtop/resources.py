@@ -1,15 +1,18 @@
-"""One sample of this machine's resources: CPU, memory and GPUs (through NVML, when there are any).
+"""One sample of this machine's resources: CPU, memory and GPUs (through NVML, when there are any), and the
+short histories the devices screen draws as sparklines.
 
 On a machine without an NVIDIA driver NVML is missing; that is the normal case on a CPU machine, so it yields an
-empty GPU list rather than an error.
+empty GPU list and the reason rather than an error.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 import pynvml
+
+from xtop.series import History
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,12 @@ class GpuSample:
     utilization_pct: float
     memory_used_bytes: int
     memory_total_bytes: int
+    power_w: float | None  # None where the driver does not report it
+    temperature_c: float | None
+
+    @property
+    def memory_pct(self) -> float:
+        return 100.0 * self.memory_used_bytes / self.memory_total_bytes if self.memory_total_bytes else 0.0
 
 
 @dataclass(frozen=True)
@@ -29,10 +38,18 @@ class ResourceSample:
     memory_total_bytes: int
     gpus: tuple[GpuSample, ...]
     gpu_note: str  # why there are no GPUs, when there are none
+    per_cpu_pct: tuple[float, ...] = ()
 
     @property
     def memory_pct(self) -> float:
         return 100.0 * self.memory_used_bytes / self.memory_total_bytes if self.memory_total_bytes else 0.0
+
+
+def _optional(read: object) -> float | None:
+    try:
+        return float(read()) if callable(read) else None
+    except pynvml.NVMLError:
+        return None
 
 
 def sample_gpus() -> tuple[tuple[GpuSample, ...], str]:
@@ -48,6 +65,7 @@ def sample_gpus() -> tuple[tuple[GpuSample, ...], str]:
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             utilization = pynvml.nvmlDeviceGetUtilizationRates(handle)
             name = pynvml.nvmlDeviceGetName(handle)
+            power_mw = _optional(lambda h=handle: pynvml.nvmlDeviceGetPowerUsage(h))
             samples.append(
                 GpuSample(
                     index=index,
@@ -55,9 +73,15 @@ def sample_gpus() -> tuple[tuple[GpuSample, ...], str]:
                     utilization_pct=float(utilization.gpu),
                     memory_used_bytes=int(memory.used),
                     memory_total_bytes=int(memory.total),
+                    power_w=None if power_mw is None else power_mw / 1000.0,
+                    temperature_c=_optional(
+                        lambda h=handle: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
+                    ),
                 )
             )
         return tuple(samples), "" if samples else "NVML sees no GPU"
+    except pynvml.NVMLError as error:
+        return (), f"NVML failed ({error})"
     finally:
         pynvml.nvmlShutdown()
 
@@ -65,11 +89,35 @@ def sample_gpus() -> tuple[tuple[GpuSample, ...], str]:
 def sample_resources() -> ResourceSample:
     memory = psutil.virtual_memory()
     gpus, note = sample_gpus()
+    per_cpu = tuple(float(p) for p in psutil.cpu_percent(interval=None, percpu=True))
     return ResourceSample(
-        cpu_pct=psutil.cpu_percent(interval=None),
+        cpu_pct=sum(per_cpu) / len(per_cpu) if per_cpu else 0.0,
         cpu_count=psutil.cpu_count() or 1,
         memory_used_bytes=int(memory.total - memory.available),
         memory_total_bytes=int(memory.total),
         gpus=gpus,
         gpu_note=note,
+        per_cpu_pct=per_cpu,
     )
+
+
+@dataclass
+class ResourceHistory:
+    """The newest sample and, per gauge, its last minute or so of values."""
+
+    latest: ResourceSample | None = None
+    cpu: History = field(default_factory=History)
+    memory: History = field(default_factory=History)
+    gpu_util: dict[int, History] = field(default_factory=dict)
+    gpu_memory: dict[int, History] = field(default_factory=dict)
+    gpu_power: dict[int, History] = field(default_factory=dict)
+
+    def add(self, sample: ResourceSample) -> None:
+        self.latest = sample
+        self.cpu.add(sample.cpu_pct)
+        self.memory.add(sample.memory_pct)
+        for gpu in sample.gpus:
+            self.gpu_util.setdefault(gpu.index, History()).add(gpu.utilization_pct)
+            self.gpu_memory.setdefault(gpu.index, History()).add(gpu.memory_pct)
+            if gpu.power_w is not None:
+                self.gpu_power.setdefault(gpu.index, History()).add(gpu.power_w)

@@ -1,0 +1,214 @@
+"""What a run directory says now, followed incrementally: metrics.jsonl and every ranks/rank-R.jsonl are tailed
+(each poll reads only the bytes appended since the previous one), heartbeats and meta.json are small and read
+again, report.json only when it changed. Everything goes through deeptrace's readers and its typed report model.
+
+A poll never raises on what it reads: each unreadable file becomes one line in `RunSnapshot.problems`, naming the
+file (and the line, for a corrupt JSON line); a half-written last line is simply not a record yet.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deeptrace.errors import TraceInputError
+from deeptrace.report.model import Report, ReportError, load_report
+from deeptrace.rundir import JsonlFollower, RunMeta, layout, read_heartbeats, read_meta
+
+from xtop.series import DecimatedSeries
+
+DEFAULT_STALE_AFTER_S = 60.0
+RATE_WINDOW = 20  # steps over which the ETA's step rate is measured
+
+
+@dataclass
+class RankStatus:
+    rank: int
+    step: int | None = None
+    state: str | None = None  # the heartbeat's: running, closed, crashed; None without a heartbeat
+    host: str | None = None
+    progress_age_s: float | None = None  # since the rank's last span, collective or step boundary
+    heartbeat_age_s: float | None = None  # since its heartbeat file was last written (the process lives)
+    where: str | None = None  # the open span or collective, or the announced phase
+    mem_allocated_bytes: int | None = None
+    mem_peak_bytes: int | None = None
+    step_time_s: float | None = None
+    stale: bool = False
+
+
+@dataclass
+class RunSnapshot:
+    run_dir: Path
+    exists: bool = False
+    meta: RunMeta | None = None
+    last: dict[str, Any] = field(default_factory=dict)  # the newest metrics record
+    steps_seen: int = 0
+    max_steps: int | None = None
+    eta_s: float | None = None
+    loss: DecimatedSeries = field(default_factory=DecimatedSeries)
+    tokens_per_s: DecimatedSeries = field(default_factory=DecimatedSeries)
+    grad_norm: DecimatedSeries = field(default_factory=DecimatedSeries)
+    ranks: list[RankStatus] = field(default_factory=list)
+    report: Report | None = None
+    report_problem: str | None = None
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # not errors: e.g. "no metrics yet"
+
+    @property
+    def step(self) -> int | None:
+        value = self.last.get("step")
+        return value if isinstance(value, int) else None
+
+
+class RunSource:
+    """Follows one run directory. `poll` mutates and returns the same snapshot; call it from one thread."""
+
+    def __init__(self, run_dir: Path | str, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> None:
+        self.run_dir = Path(run_dir)
+        self.stale_after_s = stale_after_s
+        self.snapshot = RunSnapshot(self.run_dir)
+        self._metrics = JsonlFollower(layout.metrics_path(self.run_dir))
+        self._rank_followers: dict[int, JsonlFollower] = {}
+        self._rank_last: dict[int, dict[str, Any]] = {}
+        self._recent: list[tuple[int, float]] = []  # (step, time_unix_s) of the newest records, for the ETA
+        self._report_stamp: tuple[int, int] | None = None
+
+    def poll(self, now_wall_s: float | None = None) -> RunSnapshot:
+        now = time.time() if now_wall_s is None else now_wall_s
+        snap = self.snapshot
+        snap.problems, snap.notes = [], []
+        snap.exists = self.run_dir.is_dir()
+        if not snap.exists:
+            snap.notes.append(f"{self.run_dir}: no such directory yet (the run has not started writing)")
+            return snap
+        if snap.meta is None:
+            try:
+                snap.meta = read_meta(self.run_dir)
+            except TraceInputError as error:
+                if layout.meta_path(self.run_dir).exists():
+                    snap.problems.append(str(error))
+        self._follow_metrics(snap)
+        self._follow_ranks(snap, now)
+        self._read_report(snap)
+        return snap
+
+    # -- metrics.jsonl ------------------------------------------------------------------------------------------
+    def _follow_metrics(self, snap: RunSnapshot) -> None:
+        try:
+            records = self._metrics.poll()
+        except TraceInputError as error:  # a corrupt line: named once, following goes on after it
+            snap.problems.append(str(error))
+            records = []
+        for record in records:
+            self._take_metrics(snap, record)
+        if snap.steps_seen == 0:
+            snap.notes.append(f"{layout.metrics_path(self.run_dir)}: no metrics yet")
+
+    def _take_metrics(self, snap: RunSnapshot, record: dict[str, Any]) -> None:
+        snap.steps_seen += 1
+        snap.last = record
+        step = record.get("step")
+        x = float(step) if isinstance(step, int | float) else float(snap.steps_seen)
+        snap.loss.append(x, _number(record.get("loss")))
+        snap.tokens_per_s.append(x, _number(record.get("tokens_per_s")))
+        snap.grad_norm.append(x, _number(record.get("grad_norm")))
+        max_steps = record.get("max_steps")
+        if isinstance(max_steps, int):
+            snap.max_steps = max_steps
+        stamp = _number(record.get("time_unix_s"))
+        if isinstance(step, int) and stamp is not None:
+            self._recent.append((step, stamp))
+            del self._recent[:-RATE_WINDOW]
+        snap.eta_s = self._eta(snap)
+
+    def _eta(self, snap: RunSnapshot) -> float | None:
+        if snap.max_steps is None or len(self._recent) < 2 or snap.step is None:
+            return None
+        (first_step, first_t), (last_step, last_t) = self._recent[0], self._recent[-1]
+        if last_step <= first_step:
+            return None
+        per_step = (last_t - first_t) / (last_step - first_step)
+        return max(0, snap.max_steps - snap.step) * per_step
+
+    # -- ranks/ and heartbeat/ ----------------------------------------------------------------------------------
+    def _follow_ranks(self, snap: RunSnapshot, now: float) -> None:
+        folder = layout.ranks_dir(self.run_dir)
+        if folder.is_dir():
+            for path in folder.glob("rank-*.jsonl"):
+                rank = layout.rank_of_file(path)
+                if rank is not None and rank not in self._rank_followers:
+                    self._rank_followers[rank] = JsonlFollower(path)
+        for rank, follower in self._rank_followers.items():
+            try:
+                records = follower.poll()
+            except TraceInputError as error:
+                snap.problems.append(str(error))
+                continue
+            if records:
+                self._rank_last[rank] = records[-1]
+        errors: dict[int, TraceInputError] = {}
+        heartbeats = read_heartbeats(self.run_dir, errors=errors)
+        snap.problems += [str(error) for _, error in sorted(errors.items())]
+        world = snap.meta.world_size if snap.meta else 0
+        ranks = sorted(set(range(world)) | set(self._rank_last) | set(heartbeats) | set(errors))
+        statuses = []
+        for rank in ranks:
+            status = RankStatus(rank)
+            record = self._rank_last.get(rank, {})
+            status.mem_allocated_bytes = _int(record.get("mem_allocated_bytes"))
+            status.mem_peak_bytes = _int(record.get("mem_peak_bytes"))
+            status.step_time_s = _number(record.get("step_time_s"))
+            status.step = _int(record.get("step"))
+            beat = heartbeats.get(rank)
+            if beat is not None:
+                status.state, status.host, status.step = beat.state, beat.host, beat.step
+                status.progress_age_s = max(0.0, now - beat.last_event_wall_s)
+                status.heartbeat_age_s = max(0.0, now - beat.written_wall_s)
+                status.where = _where(beat)
+                status.stale = beat.state == "running" and status.progress_age_s > self.stale_after_s
+            statuses.append(status)
+        snap.ranks = statuses
+
+    # -- deeptrace/report.json ----------------------------------------------------------------------------------
+    def _read_report(self, snap: RunSnapshot) -> None:
+        path = self.run_dir / layout.REPORT_DIR / "report.json"
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            self._report_stamp, snap.report, snap.report_problem = None, None, None
+            return
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp == self._report_stamp:
+            return
+        self._report_stamp = stamp
+        try:
+            snap.report, snap.report_problem = load_report(path.read_bytes(), path), None
+        except (ReportError, OSError) as error:  # another schema version, a field of the wrong type, unreadable
+            snap.report, snap.report_problem = None, str(error)
+
+    def reload_report(self) -> None:
+        """Forget report.json's stamp: the next poll reads it again (after an analysis rewrote it)."""
+        self._report_stamp = None
+
+
+def _where(beat: Any) -> str | None:
+    entered, left = beat.collective_entered, beat.collective_left
+    if entered is not None and (left is None or (left.group, left.seq) != (entered.group, entered.seq)):
+        return f"in {entered.name} ({entered.group} #{entered.seq})"
+    if beat.phase is not None:
+        return f"phase {beat.phase.name}"
+    if beat.open_span is not None:
+        return f"in {beat.open_span.name}"
+    return None
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

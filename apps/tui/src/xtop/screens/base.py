@@ -1,0 +1,62 @@
+"""What every main screen shares: a title bar naming the screens (clickable), and `update_view`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+from rich.text import Text
+from textual import events
+from textual.screen import Screen
+from textual.widgets import Static
+
+if TYPE_CHECKING:
+    from xtop.app import XtopApp
+    from xtop.state import XtopState
+
+MODES = (("jobs", "1"), ("run", "2"), ("devices", "3"), ("trace", "4"))
+
+
+class ModeBar(Static):
+    """`xtop │ 1 jobs  2 run  3 devices  4 trace │ ? help`: the current screen highlighted; a click switches."""
+
+    DEFAULT_CSS = "ModeBar { height: 1; background: $panel; }"
+
+    def __init__(self, current: str) -> None:
+        super().__init__()
+        self.current = current
+
+    def render(self) -> Text:
+        text = Text(" xtop ", style="bold")
+        for name, key in MODES:
+            style = "bold reverse" if name == self.current else ""
+            text.append(f" {key} {name} ", style=style)
+        text.append("   ? help  q quit", style="dim")
+        return text
+
+    def on_click(self, event: events.Click) -> None:
+        # Positions match render(): " xtop " is 6 cells, then each " K name " block.
+        x, position = event.x, 6
+        for name, _ in MODES:
+            width = len(name) + 4
+            if position <= x < position + width:
+                self.app.switch_mode(name)
+                return
+            position += width
+
+
+class XtopScreen(Screen[None]):
+    mode_name = ""
+
+    @property
+    def xtop(self) -> XtopApp:
+        return cast("XtopApp", self.app)
+
+    @property
+    def state(self) -> XtopState:
+        return self.xtop.state
+
+    def update_view(self) -> None:
+        """Redraw from `self.state`; called after each refresh while this screen shows, and when it comes back."""
+
+    def on_screen_resume(self) -> None:
+        self.update_view()
