@@ -24,8 +24,40 @@ def _fail(message: str) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
+def _job_run_dir(job_id: int) -> Path:
+    """The run directory of a clusterx job, from `clusterx describe ID --json` (clusterx's stable interface;
+    deeptrace never imports clusterx). The job database is clusterx's default or $CLUSTERX_DB."""
+    import json  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+    import shutil  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    beside = Path(sys.executable).parent / "clusterx"
+    command = str(beside) if beside.is_file() else shutil.which("clusterx")
+    if command is None:
+        _fail(f"--job {job_id}: the clusterx command is not installed (it finds the job's run directory)")
+    assert command is not None  # _fail exits
+    try:
+        result = subprocess.run(
+            [command, "describe", str(job_id), "--json"], capture_output=True, text=True, timeout=120, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        _fail(f"--job {job_id}: clusterx describe failed ({err})")
+    if result.returncode != 0:
+        said = [line for line in result.stderr.strip().splitlines() if line.strip()]
+        _fail(f"--job {job_id}: " + (said[-1] if said else f"clusterx describe exited with status {result.returncode}"))
+    try:
+        run_dir = json.loads(result.stdout).get("run_dir")
+    except (ValueError, AttributeError):
+        _fail(f"--job {job_id}: clusterx describe printed no job record")
+    if not isinstance(run_dir, str) or not run_dir:
+        _fail(f"--job {job_id}: the job has no run directory")
+    return Path(run_dir)
+
+
 @main.command()
-@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False), required=False)
+@click.option("--job", "job_id", type=click.IntRange(min=1), default=None, metavar="ID",
+              help="Analyse the run directory of clusterx job ID (from `clusterx describe ID --json`).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print report.json to stdout instead of the terminal report.")
 @click.option("--merge", is_flag=True, help="Also write merged_trace.json: all ranks in one Perfetto trace.")
 @click.option("--fail-on", "fail_on", default="", metavar="RULES",
@@ -41,7 +73,8 @@ def _fail(message: str) -> None:
               help="Hang diagnosis: a rank idle this long counts as stopped (default 120).")  # fmt: skip
 def analyze(
     *,
-    run_dir: Path,
+    run_dir: Path | None,
+    job_id: int | None,
     as_json: bool,
     merge: bool,
     fail_on: str,
@@ -52,10 +85,16 @@ def analyze(
     no_png: bool,
     stall_after: float | None,
 ) -> None:
-    """Analyse RUN_DIR: an xtrain run directory or a folder of PyTorch profiler (Kineto) traces.
+    """Analyse RUN_DIR (or the run directory of clusterx job --job ID): an xtrain run directory or a folder of
+    PyTorch profiler (Kineto) traces.
 
     Writes report.json, report.md and summary.png into RUN_DIR/deeptrace (or --output DIR) and prints the report.
     """
+    if (run_dir is None) == (job_id is None):
+        _fail("give either RUN_DIR or --job ID")
+    if job_id is not None:
+        run_dir = _job_run_dir(job_id)
+    assert run_dir is not None
     from deeptrace.analysis.inputs import NoInputError  # noqa: PLC0415  # lazy: keeps --help and light commands fast
     from deeptrace.analysis.run import analyse_run  # noqa: PLC0415  # lazy: keeps --help and light commands fast
     from deeptrace.classify import ClassifyConfig, load_classify_config  # noqa: PLC0415  # lazy: keeps --help and light commands fast
