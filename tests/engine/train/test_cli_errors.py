@@ -59,8 +59,23 @@ def assert_user_error(result: subprocess.CompletedProcess[str], *needles: str) -
             ["model.size", "hf_path"],
         ),
         (lambda text: text.replace("[train]", "[train"), ["config.toml", "not valid TOML", "line"]),
+        (
+            lambda text: text + '\n[memory]\ncheckpointing = "every:0"\n',
+            ["memory.checkpointing", "'every:0'", "none | full | every:K | ratio:F"],
+        ),
+        (lambda text: text + "\n[memory]\noffload = true\n", ["memory.offload", "memory.checkpointing"]),
     ],
-    ids=["misspelt-key", "bad-value", "missing-key", "out-of-range", "misspelt-section-key", "two-models", "bad-toml"],
+    ids=[
+        "misspelt-key",
+        "bad-value",
+        "missing-key",
+        "out-of-range",
+        "misspelt-section-key",
+        "two-models",
+        "bad-toml",
+        "bad-checkpointing",
+        "offload-without-checkpointing",
+    ],
 )
 def test_a_bad_config_is_one_message_naming_the_key(tmp_path: Path, mutate, needles: list[str]) -> None:  # type: ignore[no-untyped-def]
     config = tmp_path / "config.toml"

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from xtrain.data.config import DataConfig
 from xtrain.errors import ConfigError
 from xtrain.model.attention_backends import AttentionBackendName
+from xtrain.parallel.checkpointing import checkpointed_layers
 
 
 class _Section(BaseModel):
@@ -120,6 +121,35 @@ class ParallelSection(_Section):
     """Start gathering the next layer's parameters during the current layer's forward (previous in backward)."""
 
 
+class MemorySection(_Section):
+    """``[memory]``: what a layer keeps between forward and backward (see docs/engine-memory.md)."""
+
+    checkpointing: str = "none"
+    """Activation checkpointing per decoder layer: ``none``, ``full``, ``every:K`` (every K-th layer) or
+    ``ratio:F`` (the first F of the layers). A checkpointed layer keeps only its inputs and recomputes the rest in
+    backward (the MoE routing is saved, never recomputed)."""
+    offload: bool = False
+    """Move the checkpoints (each checkpointed layer's inputs) to host memory during forward, and bring them back
+    one layer ahead in backward; needs checkpointed layers."""
+    offload_resident_layers: int = Field(default=2, ge=2)
+    """With offload: at most this many layers' checkpoints are on the device at once (2: the layer in backward
+    and the one fetched ahead of it)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> MemorySection:
+        try:
+            checkpointed = checkpointed_layers(self.checkpointing, 1000)
+        except ConfigError as error:
+            raise ValueError(f"memory.checkpointing: {error}") from None
+        if self.offload and not checkpointed:
+            raise ValueError(
+                f"memory.offload moves the checkpoints of checkpointed layers to host memory, but "
+                f"memory.checkpointing = {self.checkpointing!r} checkpoints none: set memory.checkpointing "
+                "(e.g. 'full')"
+            )
+        return self
+
+
 class TraceSection(_Section):
     """``[trace]``: what the run records for deeptrace beyond metrics."""
 
@@ -164,6 +194,7 @@ class TrainConfig(_Section):
     optim: OptimSection = OptimSection()
     loss: LossSection = LossSection()
     parallel: ParallelSection = ParallelSection()
+    memory: MemorySection = MemorySection()
     trace: TraceSection = TraceSection()
     checkpoint: CheckpointSection = CheckpointSection()
 

@@ -1,30 +1,48 @@
 """Activation checkpointing applied from outside, per decoder layer: recompute a layer's activations in backward
 instead of keeping them.
 
-Always the non-reentrant implementation (``CheckpointImpl.NO_REENTRANT``, i.e. ``use_reentrant=False``): the
-reentrant one runs the layer inside an autograd Function that only tracks the tensors it returns directly, and a
-decoder layer returns its router statistics inside a dataclass, so the load-balancing and z-losses built from
-them would get no gradient, silently. Non-reentrant checkpointing gives exactly the gradients of the plain model.
+Always the non-reentrant implementation (``use_reentrant=False``): the reentrant one runs the layer inside an
+autograd Function that only tracks the tensors it returns directly, and a decoder layer returns its router
+statistics inside a dataclass, so the load-balancing and z-losses built from them would get no gradient,
+silently. Non-reentrant checkpointing gives exactly the gradients of the plain model.
 
-Policies (a string, as the training config spells them):
+The routing is never recomputed. The checkpoint is selective on one kind of operator: the outputs of
+``aten.topk`` (the router's expert choice, and the group choice of group-limited routing) are saved in forward
+and replayed in the recompute. On a GPU, a recompute can differ from the forward in the last bits (kernels that
+accumulate atomically, autotuning picking another kernel), and a router score that moves by one ulp can flip a
+top-k tie and send a token to another expert in backward than in forward: gradients of the wrong expert, or a
+shape mismatch. With the choice saved, the recompute follows the forward's routing by construction. What is
+saved is small (top-k values and indices: tokens × k per layer).
+
+Policies (a string, as ``memory.checkpointing`` spells them):
 
 - ``none``: no layer is checkpointed;
 - ``full``: every layer;
 - ``every:K``: layers 0, K, 2K, ... (every K-th layer, K ≥ 1);
-- ``ratio:F``: round(F × layers) layers, spread evenly over the depth (0 ≤ F ≤ 1).
+- ``ratio:F``: the first round(F × layers) layers (0 ≤ F ≤ 1). The first layers, because their checkpoints are
+  the ones that stay longest in memory (forward keeps them until backward comes back to the bottom).
 
-Apply it on the model built on the meta device, before ``apply_compile`` and ``apply_fsdp`` (torchtitan's
-order): FSDP then shards the wrapped layer as one group, and compile compiles the wrapper's call.
+Apply it on the model built on the meta device, before ``apply_activation_offload``, ``apply_compile`` and
+``apply_fsdp``: FSDP then shards the wrapped layer as one group, and compile compiles the wrapper's call.
 """
 
 from __future__ import annotations
 
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper, checkpoint_wrapper
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from xtrain.errors import ConfigError
 from xtrain.model.transformer import Transformer
 
 POLICY_FORMS = "none | full | every:K | ratio:F"
+
+# Operators whose outputs a recompute replays instead of running again (see the module docstring).
+_SAVED_IN_FORWARD = frozenset({torch.ops.aten.topk.default})
 
 
 def apply_activation_checkpointing(model: Transformer, policy: str = "full") -> list[int]:
@@ -33,8 +51,25 @@ def apply_activation_checkpointing(model: Transformer, policy: str = "full") -> 
     own, so checkpoints and ``layer.moe`` read as before."""
     selected = checkpointed_layers(policy, len(model.layers))
     for index in selected:
-        model.layers[index] = checkpoint_wrapper(model.layers[index], checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        model.layers[index] = checkpoint_wrapper(model.layers[index], checkpoint_fn=checkpoint_layer)
     return selected
+
+
+def checkpoint_layer(layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """Run ``layer`` under non-reentrant checkpointing that saves the routing (the wrappers' checkpoint_fn)."""
+    return checkpoint(
+        layer, *args, use_reentrant=False, context_fn=_routing_saved_contexts, preserve_rng_state=True, **kwargs
+    )
+
+
+def checkpointed_wrappers(model: Transformer) -> list[tuple[int, CheckpointWrapper]]:
+    """(index, wrapper) of every checkpointed decoder layer, bottom to top."""
+    return [(index, layer) for index, layer in enumerate(model.layers) if isinstance(layer, CheckpointWrapper)]
+
+
+def set_checkpoint_fn(wrapper: CheckpointWrapper, fn: Callable[..., Any]) -> None:
+    """Replace how a wrapper runs its layer (activation offload runs the checkpoint inside its hooks)."""
+    wrapper.checkpoint_fn = fn  # type: ignore[assignment]  # the wrapper calls fn(module, *args, **kwargs)
 
 
 def checkpointed_layers(policy: str, num_layers: int) -> list[int]:
@@ -50,7 +85,12 @@ def checkpointed_layers(policy: str, num_layers: int) -> list[int]:
         except ValueError:
             ratio = -1.0
         if 0.0 <= ratio <= 1.0:
-            count = round(ratio * num_layers)
-            # Evenly spread: layer floor(i * L / n) for i < n (distinct since n ≤ L).
-            return [i * num_layers // count for i in range(count)]
+            return list(range(round(ratio * num_layers)))
     raise ConfigError(f"activation checkpointing policy {policy!r} is not one of {POLICY_FORMS}")
+
+
+def _save_routing(_ctx: Any, op: Any, *_args: Any, **_kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in _SAVED_IN_FORWARD else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+_routing_saved_contexts = functools.partial(create_selective_checkpoint_contexts, _save_routing)

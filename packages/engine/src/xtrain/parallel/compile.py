@@ -1,7 +1,8 @@
 """Per-block torch.compile: each decoder layer compiled on its own, in place.
 
-Compiling layer by layer keeps graphs small and identical across layers (one compilation serves every layer of
-the same kind: a dense and an MoE layer make two), and leaves FSDP's per-layer hooks outside the compiled code.
+Apply it after activation checkpointing and offload, before FSDP. Compiling layer by layer keeps graphs small
+and identical across layers (one compilation serves every layer of the same kind: a dense and an MoE layer make
+two), and leaves FSDP's per-layer hooks outside the compiled code.
 ``Module.compile`` compiles the module's call in place, so the layer keeps its class and its parameter names
 (checkpoints and FSDP see the same module tree).
 
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from xtrain.model.transformer import Transformer
+from xtrain.parallel.offload import offloaded_layer
 
 
 def apply_compile(
@@ -26,4 +28,7 @@ def apply_compile(
     without code generation) or a counting backend.
     """
     for layer in model.layers:
-        layer.compile(fullgraph=fullgraph, backend=backend)
+        # An offloaded layer runs its checkpoint inside autograd's saved-tensor hooks, which dynamo does not
+        # trace: it compiles the layer inside the checkpoint (a plain checkpointed layer compiles with it).
+        inner = offloaded_layer(layer)
+        (inner if inner is not None else layer).compile(fullgraph=fullgraph, backend=backend)

@@ -1,8 +1,9 @@
 """One process's share of ``xtrain train``: set up, loop over optimizer steps, write the run directory.
 
 Set-up order (each step applied from outside the model): process group → model built on the meta device →
-data-parallel mesh → per-layer compile (optional) → FSDP2 → parameters allocated and initialised (or loaded from
-the Hugging Face folder) after sharding → optimizer and schedule → data (token cache built across ranks, packs).
+activation checkpointing and offload (optional) → data-parallel mesh → per-layer compile (optional) → FSDP2 →
+parameters allocated and initialised (or loaded from the Hugging Face folder) after sharding → optimizer and
+schedule → data (token cache built across ranks, packs).
 
 Every rank takes the same global batch of packs from the data stream and runs its slice of it
 (``global_batch / world_size`` packs, one micro-batch at a time), so the data order does not depend on the number
@@ -35,11 +36,13 @@ from xtrain.model.flops import training_flops_per_token
 from xtrain.model.hf import read_hf_config
 from xtrain.model.sizes import model_config
 from xtrain.model.transformer import Transformer
+from xtrain.parallel.checkpointing import apply_activation_checkpointing
 from xtrain.parallel.compile import apply_compile
 from xtrain.parallel.distributed import Distributed, barrier, close_distributed, init_distributed
 from xtrain.parallel.fsdp import apply_fsdp
 from xtrain.parallel.materialize import materialize
 from xtrain.parallel.mesh import data_parallel_mesh
+from xtrain.parallel.offload import apply_activation_offload
 from xtrain.train.checkpoint.locate import ResumePoint
 from xtrain.train.checkpoint.resume import decide_on_all_ranks, restore
 from xtrain.train.checkpoint.saver import Checkpointer
@@ -73,9 +76,13 @@ def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
 
 
 def build_model(config: TrainConfig, model_cfg: ModelConfig, dist_ctx: Distributed) -> Transformer:
-    """The sharded, materialised model: meta → (compile) → FSDP2 → allocate + init/load after sharding."""
+    """The sharded, materialised model: meta → (checkpointing, offload) → (compile) → FSDP2 → allocate +
+    init/load after sharding."""
     with torch.device("meta"):
         model = Transformer(model_cfg)
+    apply_activation_checkpointing(model, config.memory.checkpointing)
+    if config.memory.offload:
+        apply_activation_offload(model, dist_ctx.device, config.memory.offload_resident_layers)
     if config.parallel.compile:
         apply_compile(model)
     mesh = data_parallel_mesh(dist_ctx.device.type, dist_ctx.world_size, config.parallel.replicate)
