@@ -6,18 +6,18 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 from clusterx import Client, JobSpec
 from clusterx.daemon.control import daemon_pid, start_daemon, stop_daemon
 from clusterx.daemon.fastpath import socket_path
-from clusterx.daemon.resources import Capacity
-from clusterx.daemon.scheduler import choose_jobs
 from clusterx.jobenv import CLUSTERX_VARIABLES
-from clusterx.store import QueuedJob
 
 from tests.clusterx.conftest import wait_until
 
@@ -128,16 +128,38 @@ def test_priority_then_submission_order(client: Client, sqlite_db: str, tmp_path
     assert order_file.read_text().split() == ["high", "low-1", "low-2"]
 
 
-def test_backfill_and_order_in_one_pass() -> None:
-    queued = [
-        QueuedJob(id=1, priority=10, cpus=8, gpus=0, mem_mib=0),  # does not fit now
-        QueuedJob(id=2, priority=5, cpus=2, gpus=1, mem_mib=1000),
-        QueuedJob(id=3, priority=5, cpus=2, gpus=1, mem_mib=1000),  # no GPU left after job 2
-        QueuedJob(id=4, priority=0, cpus=1, gpus=0, mem_mib=500),
-        QueuedJob(id=5, priority=0, cpus=1, gpus=0, mem_mib=10_000),  # not enough memory
-    ]
-    chosen = choose_jobs(queued, Capacity(cpus=4, mem_mib=4000, gpus=1))
-    assert [job.id for job in chosen] == [2, 4]
+def test_a_wide_job_starts_when_it_should_behind_a_stream_of_narrow_ones(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EASY backfill in the real daemon: two cores, one held by a job with a 4 s limit that ends after 2 s. A
+    2-core job waits for it; a stream of 1-core jobs (20 s limits) arrives meanwhile and would each take the free
+    core (starving the wide job for as long as the stream lasts); a short job (1 s limit) may backfill."""
+    monkeypatch.setenv("CLUSTERX_DAEMON_CPUS", "2")
+    holder = client.submit(sh("sleep 2", name="holder", time_limit=4))
+    wait_until(lambda: client.describe(holder["id"])["state"] == "RUNNING")
+    wide = client.submit(sh("sleep 0.5", name="wide", cpus_per_node=2, time_limit=10))
+    short = client.submit(sh("true", name="short", time_limit=1))
+    stream = []
+    for i in range(4):
+        stream.append(client.submit(sh("sleep 0.5", name=f"narrow-{i}", time_limit=20)))
+        time.sleep(0.3)
+    assert client.wait(wide["id"], timeout_s=60)["state"] == "SUCCEEDED"
+    for job in stream:
+        assert client.wait(job["id"], timeout_s=60)["state"] == "SUCCEEDED"
+    started = {r["name"]: _started(r) for r in (client.describe(j["id"]) for j in (holder, wide, short, *stream))}
+    held_until = _ended(client.describe(holder["id"]))
+    assert started["short"] < held_until  # backfilled: it ended before the wide job's reservation
+    assert started["wide"] >= held_until - 0.5  # it needed both cores
+    assert started["wide"] - held_until < 2.0  # and took them as soon as the holder ended (a few passes)
+    assert all(started[f"narrow-{i}"] >= started["wide"] for i in range(4))  # none overtook it
+
+
+def _started(record: dict[str, Any]) -> float:
+    return datetime.fromisoformat(record["started_at"].replace("Z", "+00:00")).timestamp()
+
+
+def _ended(record: dict[str, Any]) -> float:
+    return datetime.fromisoformat(record["ended_at"].replace("Z", "+00:00")).timestamp()
 
 
 def test_start_daemon_returns_once_the_socket_listens(client: Client) -> None:

@@ -1,26 +1,111 @@
-"""One scheduling pass, as a pure function: which queued jobs start now.
+"""One scheduling pass, as a pure function: which queued jobs start now. EASY backfill (docs/clusterx.md,
+"Scheduling"):
 
-Jobs are considered in priority order, then submission order; each one that fits the resources still free
-starts, and a job that does not fit does not block smaller ones behind it (backfill). The price of that simple
-backfill is that a large job can wait while small ones keep arriving; priorities are the user's lever.
+- Jobs are taken in priority order, then submission order; each one that fits the free resources starts.
+- The first job that does not fit (the *head*) gets a reservation: the earliest time enough resources will be
+  free for it, from the running jobs' time limits (a job started at t with limit L is planned to end at t + L).
+- A job behind the head may start now (backfill) only if it cannot delay that reservation: it ends (by its own
+  time limit) before the reservation's time, or it fits in what the head leaves spare at that time.
+- No time limit means "may run forever": a running job without one never frees its resources in the plan, and a
+  queued job without one backfills only into the head's spare resources. When the head's reservation cannot be
+  placed at all (the resources it needs are held by jobs without time limits), it has no time, so jobs with a
+  time limit that fit still start, and jobs without one start only if the head could not use their share even
+  after every timed job ended.
+
+A job larger than the whole machine (possible when CLUSTERX_DAEMON_CPUS offers fewer cores than exist) never
+starts and reserves nothing. Only the head is protected (that is EASY's bargain: one reservation keeps the pass
+linear). When it starts, the next blocked job becomes the head. No priority ageing: a job's place is its priority
+and its submission order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-from clusterx.daemon.resources import Capacity
-from clusterx.store import QueuedJob
+from clusterx.store import Capacity, QueuedJob
+
+NEVER = math.inf
 
 
-def choose_jobs(queued: Iterable[QueuedJob], free: Capacity) -> list[QueuedJob]:
-    """The jobs to start, in the order given (the caller orders by priority, then id). Stops reading the
-    queue once no CPU core is left."""
-    chosen = []
+@dataclass(frozen=True)
+class RunningJob:
+    """What the plan needs of a running job: when it will have ended at the latest, and what it holds."""
+
+    ends_at: float  # wall-clock seconds; NEVER without a time limit
+    cpus: int
+    mem_mib: int
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The head's place: from `start` on, it may use the resources; `spare` is what it leaves of them then."""
+
+    job_id: int
+    start: float
+    spare: Capacity
+
+
+def reserve(head: QueuedJob, free: Capacity, running: Sequence[RunningJob], now: float) -> Reservation:
+    """The earliest time `head` fits, walking the running jobs' ends in time order."""
+    cpus, mem, gpus = free.cpus, free.mem_mib, free.gpus
+    for job in sorted(running, key=lambda r: r.ends_at):
+        if job.ends_at == NEVER:
+            break
+        cpus, mem, gpus = cpus + job.cpus, mem + job.mem_mib, gpus + job.gpus
+        if head.cpus <= cpus and head.mem_mib <= mem and head.gpus <= gpus:
+            return Reservation(
+                head.id, max(now, job.ends_at), Capacity(cpus - head.cpus, mem - head.mem_mib, gpus - head.gpus)
+            )
+    # Not even when every timed job has ended: what it would leave then (negative where it cannot fit at all).
+    return Reservation(head.id, NEVER, Capacity(cpus - head.cpus, mem - head.mem_mib, gpus - head.gpus))
+
+
+def choose_jobs(
+    queued: Iterable[QueuedJob],
+    free: Capacity,
+    running: Sequence[RunningJob] = (),
+    now: float = 0.0,
+    total: Capacity | None = None,
+) -> tuple[list[QueuedJob], Reservation | None]:
+    """The jobs to start, in the order given (the caller orders by priority, then id), and the head's
+    reservation (None when nothing is blocked). Stops reading the queue once no CPU core is left (every job holds
+    at least one). A job larger than `total` (the whole machine) can never start here: it is passed over and
+    reserves nothing."""
+    chosen: list[QueuedJob] = []
+    # Plain integers in the loop: on a 10,000-job queue a Capacity per job would cost more than the pass itself.
+    cpus, mem, gpus = free.cpus, free.mem_mib, free.gpus
+    reservation: Reservation | None = None
+    spare_cpus = spare_mem = spare_gpus = 0
     for job in queued:
-        if free.cpus <= 0 and job.cpus > 0:
-            break  # nothing more can fit: stop early on a long queue
-        if free.fits(job.cpus, job.mem_mib, job.gpus):
-            chosen.append(job)
-            free = free.minus(job.cpus, job.mem_mib, job.gpus)
-    return chosen
+        if cpus <= 0:
+            break
+        if job.cpus > cpus or job.mem_mib > mem or job.gpus > gpus:
+            never_fits = total is not None and (
+                job.cpus > total.cpus or job.mem_mib > total.mem_mib or job.gpus > total.gpus
+            )
+            if reservation is None and not never_fits:
+                # The head: planned against what runs now plus what this pass has started already.
+                started = [RunningJob(_ends(j, now), j.cpus, j.mem_mib, j.gpus) for j in chosen]
+                reservation = reserve(job, Capacity(cpus, mem, gpus), [*running, *started], now)
+                spare_cpus, spare_mem, spare_gpus = (
+                    reservation.spare.cpus,
+                    reservation.spare.mem_mib,
+                    reservation.spare.gpus,
+                )
+            continue
+        ends = _ends(job, now)
+        if reservation is not None and (ends == NEVER or ends > reservation.start):
+            # It would still run at the head's start: only the head's spare resources may hold it.
+            if job.cpus > spare_cpus or job.mem_mib > spare_mem or job.gpus > spare_gpus:
+                continue
+            spare_cpus, spare_mem, spare_gpus = spare_cpus - job.cpus, spare_mem - job.mem_mib, spare_gpus - job.gpus
+        chosen.append(job)
+        cpus, mem, gpus = cpus - job.cpus, mem - job.mem_mib, gpus - job.gpus
+    return chosen, reservation
+
+
+def _ends(job: QueuedJob, now: float) -> float:
+    return now + job.time_limit_s if job.time_limit_s else NEVER

@@ -25,7 +25,7 @@ from clusterx.daemon import wrapper
 from clusterx.daemon.launch import launch, same_process_alive
 from clusterx.daemon.outcome import KillReason, outcome, read_exit_file
 from clusterx.daemon.resources import Capacity
-from clusterx.daemon.scheduler import choose_jobs
+from clusterx.daemon.scheduler import NEVER, RunningJob, choose_jobs
 from clusterx.db.engine import sqlite_path
 from clusterx.db.models import Job, utcnow
 from clusterx.paths import attempt_dir
@@ -82,6 +82,7 @@ class Daemon:
         self.stopping = False
         self._last_busy = time.monotonic()
         self._db_file = sqlite_path(store.url)
+        self._last_reserved: int | None = None  # the job holding the reservation: logged when it changes
 
     # -- main loop ----------------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -122,14 +123,29 @@ class Daemon:
             free = free.minus(t.cpus, t.mem_mib, len(t.gpu_ids))
         return free
 
+    def running_jobs(self) -> list[RunningJob]:
+        """The plan's view of what runs: each job until its time limit (for ever without one)."""
+        return [
+            RunningJob(t.started_wall + t.time_limit_s if t.time_limit_s else NEVER, t.cpus, t.mem_mib, len(t.gpu_ids))
+            for t in self.tracked.values()
+        ]
+
     def schedule(self) -> int:
-        """One scheduling pass; returns how many jobs it started."""
+        """One scheduling pass (EASY backfill, clusterx.daemon.scheduler); returns how many jobs it started."""
         free = self.free_capacity()
         if free.cpus <= 0:
             return 0
         started = 0
-        with contextlib.closing(self.store.queued(LocalBackend.name, self.host, fits=free)) as queue:
-            chosen = choose_jobs(queue, free)
+        with contextlib.closing(self.store.queued(LocalBackend.name, self.host)) as queue:
+            chosen, reservation = choose_jobs(queue, free, self.running_jobs(), time.time(), total=self.capacity)
+        if reservation is not None and reservation.job_id != self._last_reserved:
+            when = (
+                "never (held by jobs without a time limit)"
+                if reservation.start == NEVER
+                else (f"in {max(0.0, reservation.start - time.time()):.0f} s")
+            )
+            log.info("job %d waits for resources: reserved to start %s", reservation.job_id, when)
+        self._last_reserved = reservation.job_id if reservation else None
         for queued in chosen:
             if self.store.claim(queued.id, SOURCE):
                 self.start(queued.id)
