@@ -17,6 +17,16 @@ communication of one layer overlaps the computation of its neighbour. Mixed prec
 ``param_dtype`` for compute, gradients are reduced in ``reduce_dtype``; the sharded master weights and the
 optimizer state stay in the dtype the model was built in (fp32).
 
+Expert parallelism (``expert_mesh`` given, after ``apply_expert_parallel``): ``mesh`` is then the mesh of all
+ranks, over which every non-expert parameter is sharded, and each MoE block's ``experts`` gets its own group on
+``expert_mesh``, the ranks that hold the same experts (the fsdp dimension): its parameters, already sharded on
+the expert dimension over ep, are sharded on dimension 1 over fsdp, and their gradients are reduce-scattered over
+fsdp only. Those gradients already hold the contributions of every token of the ep group (the all-to-all's
+backward brought them), so summing over fsdp sums over all ranks' tokens; they are divided by the world size, as
+the others are averaged over it (a SUM then a division: gloo lacks PREMUL_SUM). The experts' ``forward_slices``
+is registered as a forward method: the expert-parallel schedule calls it once per layer for all its slices, so
+each group is gathered once and reduced once.
+
 Gradient reduction averages over the data-parallel ranks (FSDP's default, which gloo supports: gloo lacks the
 PREMUL_SUM that a custom divide factor needs). A loss that is already normalised by the global token count must
 therefore be multiplied by the data-parallel size before backward; the trainer does that.
@@ -30,10 +40,13 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor, Shard
 
+from xtrain.model.moe import MoEBlock
 from xtrain.model.transformer import Transformer
 
 FORWARD_METHODS = ("forward_hidden", "forward_with_head")
+EXPERT_FORWARD_METHODS = ("forward_slices",)
 
 
 def apply_fsdp(
@@ -44,14 +57,18 @@ def apply_fsdp(
     reduce_dtype: torch.dtype = torch.float32,
     reshard_after_forward: bool = True,
     prefetch: bool = True,
+    expert_mesh: DeviceMesh | None = None,
 ) -> None:
     """Shard ``model`` in place over ``mesh`` (1-D: FSDP; 2-D replicate × shard: HSDP). Call it on a model built
-    on the meta device, before materialising it (see ``xtrain.parallel.materialize``)."""
+    on the meta device, before materialising it (see ``xtrain.parallel.materialize``). With ``expert_mesh``
+    (expert parallelism), the experts of each MoE block are sharded over it instead."""
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     layers = list(model.layers)
     layer_groups: list[FSDPModule] = []
     for index, layer in enumerate(layers):
         last = index == len(layers) - 1
+        if expert_mesh is not None:
+            _shard_experts(layer, expert_mesh, policy, reshard_after_forward=reshard_after_forward and not last)
         layer_groups.append(
             fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward and not last)
         )
@@ -66,6 +83,30 @@ def apply_fsdp(
         register_fsdp_forward_method(model, method)
     if prefetch:
         _set_prefetch(embedding, layer_groups, head)
+
+
+def _shard_experts(
+    layer: nn.Module, expert_mesh: DeviceMesh, policy: MixedPrecisionPolicy, *, reshard_after_forward: bool
+) -> None:
+    for block in (module for module in layer.modules() if isinstance(module, MoEBlock)):
+        experts = block.experts
+        if not all(isinstance(param, DTensor) for param in experts.parameters()):
+            raise ValueError("apply_fsdp(expert_mesh=...) needs apply_expert_parallel applied to the model first")
+        # Dimension 1 (2F, D or F rows): the local experts (dimension 0) may be fewer than the fsdp ranks.
+        group = fully_shard(
+            experts,
+            mesh=expert_mesh,
+            mp_policy=policy,
+            reshard_after_forward=reshard_after_forward,
+            shard_placement_fn=lambda _param: Shard(1),
+        )
+        world = torch.distributed.get_world_size()
+        group.set_gradient_divide_factor(float(world))
+        # A SUM then a division (gloo lacks PREMUL_SUM). Not on a one-rank group: there FSDP issues no collective
+        # and divides while copying, and with forced sums it would divide a second time (torch 2.13).
+        group.set_force_sum_reduction_for_comms(expert_mesh.size() > 1)
+        for method in EXPERT_FORWARD_METHODS:
+            register_fsdp_forward_method(experts, method)
 
 
 def _set_prefetch(embedding: FSDPModule | None, layers: list[FSDPModule], head: FSDPModule | None) -> None:

@@ -112,10 +112,14 @@ def train_step(
     *,
     dp_size: int,
     collector: Collector | None = None,
+    stats_group: dist.ProcessGroup | None = None,
 ) -> StepResult:
     """Forward and backward of this rank's micro-batches, then clip and update (unless not finite).
 
-    With a ``collector``, the forward, backward and optimizer phases are recorded as deeptrace spans."""
+    With a ``collector``, the forward, backward and optimizer phases are recorded as deeptrace spans.
+    ``stats_group``: the ranks whose tokens make the global batch, over which the router counts, probabilities
+    and logged losses are summed (None: all ranks). Under expert parallelism that is still every rank: the ranks
+    of an ep group route different tokens (each counts its own tokens, not the rows its experts receive)."""
     span = _spans(collector)
     collective = _collectives(collector)
     moe_layers = [block for layer in model.layers if isinstance(block := getattr(layer, "moe", None), MoEBlock)]
@@ -142,7 +146,9 @@ def train_step(
         loss = ce
         if stats:
             with collective("all_reduce expert counts"):
-                counts_LE = _all_reduce_sum(torch.stack([s.tokens_per_expert for s in stats]).to(torch.float64))
+                counts_LE = _all_reduce_sum(
+                    torch.stack([s.tokens_per_expert for s in stats]).to(torch.float64), stats_group
+                )
             counts_so_far_LE = counts_LE if counts_so_far_LE is None else counts_so_far_LE + counts_LE
             estimate_LE = counts_so_far_LE * (num_micro / (index + 1))
             balance = load_balancing_loss(stats, estimate_LE, global_batch.routed_tokens)
@@ -157,11 +163,11 @@ def train_step(
 
     with span("optimizer", Category.OPTIMIZER):
         with collective("all_reduce losses"):
-            logged = _all_reduce_sum(logged)
+            logged = _all_reduce_sum(logged, stats_group)
         aux = 0.0
         if counts_so_far_LE is not None and prob_sum_LE is not None:
             with collective("all_reduce router probabilities"):
-                prob_sum_LE = _all_reduce_sum(prob_sum_LE)
+                prob_sum_LE = _all_reduce_sum(prob_sum_LE, stats_group)
             aux = _exact_balance_loss(counts_so_far_LE, prob_sum_LE, global_batch.routed_tokens)
         with collective("all_reduce gradient norm"):
             grad_norm = clip_grad_norm(list(model.parameters()), settings.max_grad_norm)
@@ -179,14 +185,22 @@ def train_step(
 def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> float:
     """The global L2 norm of the gradients over all (sharded) parameters; scales them to ``max_norm`` when above
     it (``max_norm`` 0: measure only). Every rank gets the same norm."""
-    grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
+    # One group per device mesh: under expert parallelism the experts and the rest are sharded on different
+    # meshes, which one DTensor op cannot mix. Each group's norm is summed over the ranks holding its shards.
+    by_mesh: dict[object, list[nn.Parameter]] = {}
+    for param in parameters:
+        if param.grad is not None:
+            by_mesh.setdefault(param.grad.device_mesh if isinstance(param.grad, DTensor) else None, []).append(param)
+    if not by_mesh:
         return 0.0
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()  # sums the shards' squares over the ranks that hold them
+    norms = []
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group if p.grad is not None], norm_type=2.0, foreach=True)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = norms[0] if len(norms) == 1 else torch.stack(norms).square().sum().sqrt()
     if max_norm > 0 and bool(torch.isfinite(total)):
-        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total, foreach=True)
+        for group in by_mesh.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
     return float(total)
 
 
@@ -223,7 +237,7 @@ def _update_router_biases(moe_layers: Sequence[MoEBlock], counts_LE: Tensor) -> 
             update_expert_bias(bias, counts_E, block.config.bias_update_rate)
 
 
-def _all_reduce_sum(tensor: Tensor) -> Tensor:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+def _all_reduce_sum(tensor: Tensor, group: dist.ProcessGroup | None = None) -> Tensor:
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     return tensor

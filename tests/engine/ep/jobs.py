@@ -1,0 +1,148 @@
+"""What every rank runs for the expert-parallel tests: one job per world size, many checks per job (spawning
+processes costs seconds each on two cores). Each check builds the same model under several layouts (ep_size 1 is
+plain FSDP over all ranks) and returns the global losses, the router counts and every gradient in full; the
+tests compare the layouts. A check that raises stores its traceback instead (``"error"``).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+from xtrain.model.config import ModelConfig
+from xtrain.model.documents import PackedDocuments
+from xtrain.model.transformer import Transformer
+from xtrain.parallel.distributed import close_distributed, init_distributed
+from xtrain.parallel.materialize import unwrapped_names
+from xtrain.parallel.tensors import full_tensor
+from xtrain.train.step import GlobalBatch, LossSettings, MicroBatch, train_step
+
+from .models import TOKENS, build, inputs_of_rank, moe_config, step_results
+
+Result = dict[str, Any]
+Layout = tuple[int, int]  # (ep_size, domino_slices)
+
+
+def two_rank_job() -> dict[str, Result]:
+    rank = _start()
+    config = moe_config()
+    checks: dict[str, Callable[[], Result]] = {
+        "layouts": lambda: _layouts(config, [(1, 1), (2, 1), (2, 3)]),
+        "biased experts": lambda: _layouts(moe_config(router="topk_softmax", biased=True), [(1, 1), (2, 2)]),
+        "uneven load": lambda: _layouts(config, [(1, 1), (2, 1), (2, 3)], prepare=_skewed_router),
+        "reductions": lambda: _reductions(config),
+        "train_step": lambda: _train_steps(config, [(1, 1), (2, 2)]),
+    }
+    return _run_checks(rank, checks)
+
+
+def four_rank_job() -> dict[str, Result]:
+    rank = _start()
+    config = moe_config()
+    checks: dict[str, Callable[[], Result]] = {
+        "layouts": lambda: _layouts(config, [(1, 1), (2, 3), (4, 2)]),
+        "uneven load": lambda: _layouts(config, [(1, 1), (4, 2)], prepare=_skewed_router),
+    }
+    return _run_checks(rank, checks)
+
+
+def _start() -> int:
+    # A short timeout: a check that fails on one rank must not leave the others waiting for half an hour.
+    dist.init_process_group("gloo", timeout=timedelta(seconds=90))
+    return init_distributed("cpu").rank
+
+
+def _run_checks(rank: int, checks: dict[str, Callable[[], Result]]) -> dict[str, Result]:
+    results: dict[str, Result] = {}
+    for name, check in checks.items():
+        try:
+            results[name] = check()
+        except Exception:
+            results[name] = {"error": f"rank {rank}: {traceback.format_exc()}"}
+    close_distributed()
+    return results
+
+
+def _skewed_router(model: Transformer) -> None:
+    """Correction biases that send every token of every rank to experts 0-3 (group 0), so that the ranks holding
+    experts 4-7 receive no row at all; rank 1's tokens all pick experts 0 and 1, so experts 2 and 3 receive rows
+    from rank 0 only (and, at ep 4, each rank's slices differ)."""
+    rank = dist.get_rank()
+    with torch.no_grad():
+        for name, bias in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                values = torch.tensor([5.0, 5.0, 5.0, 5.0, 0.0, 0.0, 0.0, 0.0])
+                if rank == 1:
+                    values[:2] += 5.0
+                bias.copy_(values)
+
+
+def _layouts(
+    config: ModelConfig, layouts: list[Layout], prepare: Callable[[Transformer], None] | None = None
+) -> Result:
+    input_ids_1T, cu_seqlens = inputs_of_rank(dist.get_rank(), config.vocab_size)
+    per_layout: dict[Layout, Any] = {}
+    for ep_size, slices in layouts:
+        model = build(config, ep_size, domino_slices=slices, prepare=prepare)
+        per_layout[(ep_size, slices)] = step_results(model, input_ids_1T, cu_seqlens)
+    # Full results from rank 0 (the same on every rank); every rank's own router counts.
+    return {
+        "layouts": per_layout if dist.get_rank() == 0 else None,
+        "local counts": {layout: result["local counts"] for layout, result in per_layout.items()},
+    }
+
+
+def _reductions(config: ModelConfig) -> Result:
+    """Gradient reductions (FSDP's reduce-scatter of one group, or its local division on a one-rank group) in one
+    backward, by layout: Domino's slices must not multiply them. Counted by wrapping FSDP's function, which still
+    runs."""
+    input_ids_1T, cu_seqlens = inputs_of_rank(dist.get_rank(), config.vocab_size)
+    counted: dict[str, int] = {}
+    for ep_size, slices in ((2, 1), (2, 3)):
+        model = build(config, ep_size, domino_slices=slices)
+        calls: list[int] = []
+        original = _fsdp_param_group.foreach_reduce
+
+        def counting(*args: Any, original: Any = original, calls: list[int] = calls, **kwargs: Any) -> Any:
+            calls.append(1)
+            return original(*args, **kwargs)
+
+        _fsdp_param_group.foreach_reduce = counting
+        try:
+            step_results(model, input_ids_1T, cu_seqlens)
+        finally:
+            _fsdp_param_group.foreach_reduce = original
+        counted[f"ep {ep_size} slices {slices}"] = len(calls)
+    return counted
+
+
+def _train_steps(config: ModelConfig, layouts: list[Layout]) -> Result:
+    """The trainer's own step (losses over the global batch, router bias update, clipping) under each layout."""
+    world = dist.get_world_size()
+    input_ids_1T, cu_seqlens = inputs_of_rank(dist.get_rank(), config.vocab_size)
+    batch = MicroBatch(
+        input_ids=input_ids_1T,
+        labels=torch.roll(input_ids_1T[0], -1),
+        documents=PackedDocuments.from_lengths(torch.diff(cu_seqlens).tolist(), torch.device("cpu")),
+    )
+    settings = LossSettings(chunk_tokens=8, aux_loss_coef=0.1, z_loss_coef=0.01, max_grad_norm=0.05)
+    out: dict[str, Any] = {}
+    for ep_size, slices in layouts:
+        model = build(config, ep_size, domino_slices=slices)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        step = train_step(
+            model,
+            optimizer,
+            [batch],
+            GlobalBatch(target_tokens=TOKENS * world, routed_tokens=TOKENS * world),
+            settings,
+            dp_size=world,
+        )
+        state = {name: full_tensor(t.detach()).clone() for name, t in model.state_dict().items()}
+        out[f"{ep_size}x{slices}"] = {"step": step, "state": unwrapped_names(state) if dist.get_rank() == 0 else None}
+    return out
