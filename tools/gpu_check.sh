@@ -280,6 +280,17 @@ for name, part in parts:
     (work / "figures.json").write_text(json.dumps(results))  # after each part: a timeout keeps what was done
 PY
 
+echo "== 5. expert parallelism: exposed all-to-all, plain EP against Domino-EP (tools/bench/ep_overlap.py)"
+GPUS=$($PY -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+if [ "${GPUS:-0}" -gt 1 ]; then
+    # One process per GPU, NCCL; the JSON line goes into the summary as ep_overlap.
+    timeout $((DRY_RUN ? 900 : 240)) $PY tools/bench/ep_overlap.py --procs "$GPUS" --steps 4 2>&1 | tail -n 1 |
+        tee "$WORK/ep_overlap.json" || status=1
+else
+    echo "ep_overlap: skipped, it needs more than one GPU and this machine has ${GPUS:-0}"
+    echo '{"skipped": "needs more than one GPU", "gpus": '"${GPUS:-0}"'}' >"$WORK/ep_overlap.json"
+fi
+
 echo "== summary"
 $PY - "$WORK" "$status" "$SECONDS" <<'PY'
 import json
@@ -298,6 +309,10 @@ except (OSError, ET.ParseError, IndexError) as error:
 figures_path = work / "figures.json"
 figures = json.loads(figures_path.read_text()) if figures_path.exists() else {}
 summary.update(figures)
+try:
+    summary["ep_overlap"] = json.loads((work / "ep_overlap.json").read_text())
+except (OSError, ValueError) as error:
+    summary["ep_overlap"] = {"error": f"no ep_overlap figures: {error}"}
 if "train" not in figures:
     summary["error"] = "steps 3-4 did not finish (time limit or crash): see the output above"
 tests_ok = summary["tests"].get("failures") == 0 and summary["tests"].get("errors") == 0
