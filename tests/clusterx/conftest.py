@@ -152,3 +152,39 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0, interval_
 
 
 CURRENT_USER = getpass.getuser()
+
+
+# A second Unix user for the ownership tests (created once, left in place: a system account without home or login).
+OTHER_USER = "clusterx-other"
+
+
+@pytest.fixture(scope="session")
+def other_user() -> str:
+    """The name of a real second Unix user, created with useradd when missing (we run as root in CI)."""
+    import pwd
+
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("a second Unix user is created with useradd, which needs root")
+    try:
+        pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        created = subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if created.returncode not in (0, 9):  # 9: another test process created it meanwhile
+            pytest.fail(f"useradd {OTHER_USER} failed: {created.stderr}")
+    return OTHER_USER
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A folder another user can enter (pytest's own tmp_path lies under a 0700 folder)."""
+    folder = Path(tempfile.mkdtemp(prefix="clusterx-shared-", dir="/tmp"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

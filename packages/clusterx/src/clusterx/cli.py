@@ -386,6 +386,17 @@ def retry(ctx: click.Context, job_id: int, as_json: bool) -> None:
         click.echo(f"job {record['id']} {record['state']} (retry of job {job_id})")
 
 
+@main.command()
+@click.argument("job_id", type=int)
+@click.argument("value", type=int)
+@click.pass_context
+@user_errors
+def priority(ctx: click.Context, job_id: int, value: int) -> None:
+    """Change a live job's priority (higher runs first; jobs the local daemon schedules)."""
+    record = _client(ctx).set_priority(job_id, value)
+    click.echo(f"job {job_id}: priority {record['priority']}")
+
+
 # -- daemon -----------------------------------------------------------------------------------------------------
 @main.group()
 def daemon() -> None:

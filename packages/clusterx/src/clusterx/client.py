@@ -24,6 +24,7 @@ from clusterx.backends.base import Backend, BackendStatus, SubmitRequest
 from clusterx.db.engine import resolve_db_url
 from clusterx.db.models import Job, utcnow
 from clusterx.errors import BackendError, ClusterxError, JobStateError, NotOwnerError, SpecError
+from clusterx.ownership import ROOT_UID, not_owner_message, user_name
 from clusterx.paths import attempt_dir, default_runs_dir
 from clusterx.record import job_record
 from clusterx.spec import JobSpec
@@ -45,8 +46,11 @@ class Client:
         user: str | None = None,
         runs_dir: str | Path | None = None,
         poll_interval_s: float = 2.0,
+        via_daemon: bool = True,
     ) -> None:
-        """`db`: a SQLite file path or a database URL; None means CLUSTERX_DB, else the user's default file."""
+        """`db`: a SQLite file path or a database URL; None means CLUSTERX_DB, else the user's default file.
+        `via_daemon`: cancel, retry and priority changes of a daemon backend's jobs are asked of the running daemon,
+        which checks the caller's identity (clusterx.ownership); False in the daemon itself."""
         self.url = resolve_db_url(db)
         self.store = JobStore(self.url)
         self.user = user or getpass.getuser()
@@ -58,6 +62,7 @@ class Client:
         # the state last seen, and the CLI shows these as warnings instead of failing `list` and `describe`.
         self.poll_errors: list[str] = []
         self._backends: dict[tuple[str, tuple[tuple[str, str], ...]], Backend] = {}
+        self.via_daemon = via_daemon
 
     def close(self) -> None:
         self.store.close()
@@ -201,32 +206,100 @@ class Client:
     # -- changing -----------------------------------------------------------------------------------------------
     def cancel(self, job_ids: Iterable[int]) -> dict[int, JobState]:
         """Cancel jobs (idempotent: an ended job is left as it is). Returns each job's state afterwards;
-        a running job shows its state until its backend confirms the cancellation."""
+        a running job shows its state until its backend confirms the cancellation.
+
+        Live jobs of a daemon backend are cancelled by the daemon, which checks who asks (SO_PEERCRED); the others
+        here, by the same rule (clusterx.ownership) applied to this process's user. Nothing is cancelled when one
+        of the jobs may not be."""
         jobs = [self.store.get(job_id) for job_id in job_ids]
+        by_daemon = [job.id for job in jobs if self._daemon_acts_on(job)]
+        here = [job.id for job in jobs if job.id not in by_daemon]
         for job in jobs:
-            if job.user != self.user:
-                raise NotOwnerError(f"job {job.id} belongs to {job.user}; only they can cancel it")
+            if job.id in here:
+                self._require_owner(job, "cancel")
+        result: dict[int, JobState] = {}
+        if by_daemon:
+            answer = self._ask_daemon({"op": "cancel", "job_ids": by_daemon})
+            if answer is None:  # no daemon answers: the same rule, applied here
+                for job in jobs:
+                    if job.id in by_daemon:
+                        self._require_owner(job, "cancel")
+                here += by_daemon
+            else:
+                result.update({int(job_id): JobState(state) for job_id, state in answer["states"].items()})
+        result.update(self.cancel_here(here, source=f"client:{self.user}"))
+        return {job.id: result[job.id] for job in jobs}
+
+    def cancel_here(self, job_ids: Iterable[int], *, source: str) -> dict[int, JobState]:
+        """Cancel in this process, the caller's right to do so already checked."""
         result = {}
-        for job in jobs:
+        for job_id in job_ids:
+            job = self.store.get(job_id)
             if job.state.is_terminal:
                 result[job.id] = job.state
                 continue
             backend = self._backend(job.backend, job.spec.get("backend_options", {}))
             if job.backend_job_id:
                 backend.cancel(job.backend_job_id)  # a daemon backend sends nothing: the flag below is its signal
-            result[job.id] = self.store.request_cancel(job.id, f"client:{self.user}")
+            result[job.id] = self.store.request_cancel(job.id, source)
             if backend_info(job.backend).needs_daemon and not result[job.id].is_terminal:
                 self._ensure_daemon()  # the daemon acts on the cancel flag: make sure one runs
         return result
 
     def retry(self, job_id: int) -> dict[str, Any]:
         """A new job from an ended job's spec (same run directory, so training resumes from its checkpoints),
-        linked to it by `retry_of`. The ended job itself never changes."""
+        linked to it by `retry_of`. The ended job itself never changes. A daemon backend's job is retried by its
+        daemon (which runs the new job as its own user, so only that user or root may)."""
         job = self.store.get(job_id)
         if not job.state.is_terminal:
             raise JobStateError(f"job {job_id} is still {job.state}; wait for it or cancel it before retrying")
+        if self.via_daemon and backend_info(job.backend).needs_daemon:
+            answer = self._ask_daemon({"op": "retry", "job_id": job_id})
+            if answer is not None:
+                record: dict[str, Any] = answer["record"]
+                return record
+        self._require_owner(job, "retry")
         spec = JobSpec.model_validate(job.spec).model_copy(update={"submit_key": uuid.uuid4().hex})
         return self.submit(spec, retry_of=job_id)
+
+    def set_priority(self, job_id: int, priority: int) -> dict[str, Any]:
+        """Change a queued or running job's priority (it orders the daemon's queue). Only for jobs a clusterx daemon
+        schedules: a polled backend's queue order is that backend's own."""
+        job = self.store.get(job_id)
+        if job.state.is_terminal:
+            raise JobStateError(f"job {job_id} has ended ({job.state}); its priority no longer matters")
+        if not backend_info(job.backend).needs_daemon:
+            raise JobStateError(
+                f"job {job_id} runs on the {job.backend} backend, which orders its own queue; only jobs the clusterx "
+                "daemon schedules can change priority"
+            )
+        if self.via_daemon:
+            answer = self._ask_daemon({"op": "priority", "job_id": job_id, "priority": priority})
+            if answer is not None:
+                record: dict[str, Any] = answer["record"]
+                return record
+        self._require_owner(job, "change")
+        return self.set_priority_here(job_id, priority, f"client:{self.user}")
+
+    def set_priority_here(self, job_id: int, priority: int, source: str) -> dict[str, Any]:
+        """Change the priority in this process, the caller's right to do so already checked."""
+        self.store.set_priority(job_id, priority, source)
+        return self.describe(job_id, poll=False)
+
+    def _daemon_acts_on(self, job: Job) -> bool:
+        return self.via_daemon and backend_info(job.backend).needs_daemon and not job.state.is_terminal
+
+    def _require_owner(self, job: Job, action: str) -> None:
+        """The rule of clusterx.ownership where no daemon checks, for the user this client acts as."""
+        if self.user not in (job.user, user_name(ROOT_UID)):
+            raise NotOwnerError(not_owner_message(job.id, job.user, action, self.user))
+
+    def _ask_daemon(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        """The daemon's answer (a refusal raised as its error); None when no daemon can be asked."""
+        from clusterx.daemon.fastpath import Unreachable, request_daemon, unwrap  # noqa: PLC0415
+
+        answer = request_daemon(self.url, request)
+        return None if isinstance(answer, Unreachable) else unwrap(answer)
 
     def log_file(self, job_id: int, stream: str = "stdout", rank: int | None = None) -> Path:
         """The file holding a job's output: its stdout/stderr, or one rank's log (`rank`)."""

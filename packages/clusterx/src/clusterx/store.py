@@ -239,6 +239,22 @@ class JobStore:
 
         self.write(add)
 
+    def set_priority(self, job_id: int, priority: int, source: str) -> None:
+        """A live job's new priority (the column the daemon orders its queue by), with an event saying so."""
+
+        def change(session: Session) -> None:
+            job = session.get(Job, job_id, with_for_update=True)
+            if job is None:
+                raise JobNotFoundError(f"no job {job_id} in {self.shown_url}")
+            if job.state.is_terminal:
+                return
+            message = f"priority {job.priority} -> {priority}"
+            job.priority = priority
+            job.updated_at = utcnow()
+            session.add(_event(job.id, job.attempt, job.state, job.state, source=source, message=message))
+
+        self.write(change)
+
     def requeue_for_retry(
         self, job_id: int, expect_attempt: int, source: str, message: str, attempt_fields: Mapping[str, Any]
     ) -> bool:

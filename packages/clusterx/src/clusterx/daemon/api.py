@@ -1,5 +1,13 @@
-"""The daemon's side of the submit socket (see clusterx.daemon.fastpath): a thread that accepts one JSON
-request per connection and answers with the stored job's record, using the same `Client.submit` as everyone."""
+"""The daemon's side of its socket (see clusterx.daemon.fastpath): a thread that accepts one JSON request per
+connection and answers it. The caller is identified by the socket's peer credentials (SO_PEERCRED: set by the
+kernel, not by the caller), and every request is checked by clusterx.ownership:
+
+- `submit`, `retry`: root or the daemon's owner (it runs every job as itself);
+- `cancel`, `priority`: the job's owner, root, or the daemon's owner.
+
+The socket is mode 666, so that another user's `clusterx cancel` reaches the daemon and is told why it may not,
+instead of a bare "permission denied"; the folder holding it (and the database) may restrict access further.
+"""
 
 from __future__ import annotations
 
@@ -7,25 +15,31 @@ import contextlib
 import json
 import logging
 import os
-import pwd
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from clusterx.client import Client
 from clusterx.daemon.fastpath import peer_uid, read_line
-from clusterx.errors import ClusterxError
+from clusterx.errors import ClusterxError, NotOwnerError
+from clusterx.ownership import may_change, not_owner_message, runner_only_message, user_name
 from clusterx.spec import JobSpec
 
 log = logging.getLogger("clusterx.daemon")
+# A caller gets this long to send its request: one that sends nothing must not hold the socket's only thread.
+REQUEST_TIMEOUT_S = 10.0
+SOURCE = "daemon-socket"
 
 
 class SubmitServer(threading.Thread):
     def __init__(self, url: str, path: Path) -> None:
-        super().__init__(name="clusterx-submit-socket", daemon=True)
+        super().__init__(name="clusterx-socket", daemon=True)
         self.url = url
         self.path = path
+        self.uid = os.getuid()
+        self.owner = user_name(self.uid)
         self._clients: dict[tuple[str, str | None], Client] = {}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # Bound and listening under a temporary name, then renamed over any previous daemon's socket: a client
@@ -34,7 +48,7 @@ class SubmitServer(threading.Thread):
         staging.unlink(missing_ok=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(str(staging))
-        os.chmod(staging, 0o600)  # noqa: PTH101 (a socket path; Path.chmod works too, this reads plainer)
+        os.chmod(staging, 0o666)  # noqa: PTH101 (every request is checked by its caller's uid, see module doc)
         self.sock.listen(64)
         staging.replace(self.path)
 
@@ -49,32 +63,75 @@ class SubmitServer(threading.Thread):
             except OSError:
                 return  # closed
             with conn:
+                conn.settimeout(REQUEST_TIMEOUT_S)
                 try:
-                    answer = self._answer(conn)
+                    answer = self.answer(peer_uid(conn), json.loads(read_line(conn)))
+                except (OSError, ValueError) as exc:  # timed out, went away, or sent no JSON
+                    answer = {"ok": False, "error": f"bad request: {exc}"}
                 except Exception as exc:  # an unexpected failure must not kill the socket thread
-                    log.exception("submit socket: request failed")
-                    answer = {"ok": False, "error": f"the daemon failed to submit: {exc}"}
-                # The submitter may have gone away; the job (if stored) is in the database all the same.
+                    log.exception("socket: request failed")
+                    answer = {"ok": False, "error": f"the daemon failed: {exc}"}
+                # The caller may have gone away; what it asked for is in the database all the same.
                 with contextlib.suppress(OSError):
                     conn.sendall(json.dumps(answer).encode() + b"\n")
 
-    def _answer(self, conn: socket.socket) -> dict[str, Any]:
-        uid = peer_uid(conn)
-        if uid != os.getuid():
-            return {"ok": False, "error": "this daemon runs jobs only for its own user"}
-        request = json.loads(read_line(conn))
-        if request.get("op") != "submit":
-            return {"ok": False, "error": f"unknown request {request.get('op')!r}"}
-        user = pwd.getpwuid(uid).pw_name
-        client = self._client(user, request.get("runs_dir"))
+    def answer(self, uid: int, request: dict[str, Any]) -> dict[str, Any]:
+        """One request from the process of `uid`; {"ok": true, ...} or {"ok": false, "error", "kind"}."""
+        ops: dict[str, Callable[[int, str, dict[str, Any]], dict[str, Any]]] = {
+            "submit": self._submit,
+            "retry": self._retry,
+            "cancel": self._cancel,
+            "priority": self._priority,
+        }
+        op = ops.get(str(request.get("op")))
+        if op is None:
+            return {"ok": False, "error": f"unknown request {request.get('op')!r}", "kind": "ClusterxError"}
+        caller = user_name(uid)
         try:
-            spec = JobSpec.from_mapping(request["spec"], source=request.get("source", "spec"))
-            return {"ok": True, "record": client.submit(spec)}
+            return op(uid, caller, request)
         except ClusterxError as exc:
-            return {"ok": False, "error": str(exc)}
+            if isinstance(exc, NotOwnerError):
+                log.warning("refused %s from %s (uid %d): %s", request.get("op"), caller, uid, exc)
+            return {"ok": False, "error": str(exc), "kind": type(exc).__name__}
 
-    def _client(self, user: str, runs_dir: str | None) -> Client:
-        key = (user, runs_dir)
+    # -- requests -------------------------------------------------------------------------------------------------
+    def _submit(self, uid: int, caller: str, request: dict[str, Any]) -> dict[str, Any]:
+        self._require_runner(uid, caller, "submit jobs")
+        client = self._client(request.get("runs_dir"))
+        spec = JobSpec.from_mapping(request["spec"], source=request.get("source", "spec"))
+        return {"ok": True, "record": client.submit(spec)}
+
+    def _retry(self, uid: int, caller: str, request: dict[str, Any]) -> dict[str, Any]:
+        self._require_runner(uid, caller, "retry jobs")
+        return {"ok": True, "record": self._client(None).retry(int(request["job_id"]))}
+
+    def _cancel(self, uid: int, caller: str, request: dict[str, Any]) -> dict[str, Any]:
+        client = self._client(None)
+        job_ids = [int(job_id) for job_id in request["job_ids"]]
+        for job_id in job_ids:  # all checked before any is cancelled
+            self._require_owner(uid, caller, job_id, "cancel")
+        states = {str(job_id): client.cancel_here([job_id], source=f"{SOURCE}:{caller}")[job_id] for job_id in job_ids}
+        return {"ok": True, "states": states}
+
+    def _priority(self, uid: int, caller: str, request: dict[str, Any]) -> dict[str, Any]:
+        job_id = int(request["job_id"])
+        self._require_owner(uid, caller, job_id, "change")
+        client = self._client(None)
+        return {"ok": True, "record": client.set_priority_here(job_id, int(request["priority"]), f"{SOURCE}:{caller}")}
+
+    # -- checks ---------------------------------------------------------------------------------------------------
+    def _require_runner(self, uid: int, caller: str, action: str) -> None:
+        if uid not in (0, self.uid):
+            raise NotOwnerError(runner_only_message(action, caller, self.owner))
+
+    def _require_owner(self, uid: int, caller: str, job_id: int, action: str) -> None:
+        owner = self._client(None).store.get(job_id).user
+        if not may_change(uid, owner, self.uid):
+            raise NotOwnerError(not_owner_message(job_id, owner, action, caller, self.owner))
+
+    def _client(self, runs_dir: str | None) -> Client:
+        """Clients acting as the daemon's owner (the user its jobs run as), one per runs folder."""
+        key = (self.owner, runs_dir)
         if key not in self._clients:
-            self._clients[key] = Client(self.url, user=user, runs_dir=runs_dir)
+            self._clients[key] = Client(self.url, user=self.owner, runs_dir=runs_dir, via_daemon=False)
         return self._clients[key]

@@ -91,15 +91,20 @@ def submit_via_daemon(
     answer = request_daemon(url, request, timeout_s)
     if isinstance(answer, Unreachable):
         return answer
-    record: dict[str, Any] = _unwrap(answer)["record"]
+    record: dict[str, Any] = unwrap(answer)["record"]
     return record
 
 
-def _unwrap(answer: dict[str, Any]) -> dict[str, Any]:
+def unwrap(answer: dict[str, Any]) -> dict[str, Any]:
+    """The answer of a request that went through; a refusal raised as the error the daemon raised (NotOwnerError,
+    JobNotFoundError, ...), with its message."""
     if not answer.get("ok"):
-        from clusterx.errors import ClusterxError  # noqa: PLC0415 (only on errors)
+        from clusterx import errors  # noqa: PLC0415 (only on errors)
 
-        raise ClusterxError(answer.get("error", "the daemon refused the request"))
+        kind = getattr(errors, str(answer.get("kind")), errors.ClusterxError)
+        if not (isinstance(kind, type) and issubclass(kind, errors.ClusterxError)):
+            kind = errors.ClusterxError
+        raise kind(answer.get("error", "the daemon refused the request"))
     return answer
 
 
