@@ -43,6 +43,10 @@ class DataConfig(BaseModel):
     """Length of every pack (tokens per row fed to the model); documents are packed into rows of exactly this."""
     pack_lookahead: int = Field(default=64, ge=1)
     """How many upcoming document pieces the packer may search to fill the end of a pack before padding it."""
+    balance_window: int = Field(default=0, ge=0)
+    """Data-parallel balance: within every window of this many optimizer steps, packs are formed and given to
+    ranks and micro-steps so that the ranks' attention work is as equal as possible at each micro-step; every
+    document is still used once per epoch (0: off; see docs/engine-data.md)."""
     cache_dir: Path | None = None
     """Token cache folder; None uses ``$XTRAIN_CACHE_DIR``, else ``~/.cache/xtrain/tokens``."""
 

@@ -22,18 +22,23 @@ Labels: ``labels[t]`` is the document's token after input ``t``. A piece is its 
 document's next token, so cutting loses no target. There is no label (-100) on a document's last token, on a
 chat token whose *target* is not an assistant token, and on padding, which is its own segment at the end.
 
-The stream depends on the corpus, ``pack_tokens``, ``seed`` and ``lookahead`` only: never on the world size.
+The stream depends on the corpus, ``pack_tokens``, ``seed`` and ``lookahead`` only: never on the world size;
+except with data-parallel balance (``data.balance_window``, :mod:`xtrain.data.balance`), which forms and places a
+window's packs for the ranks that run them, between steps 2 and 3.
 """
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from xtrain.data.corpus import Corpus
 from xtrain.errors import DataError
+
+if TYPE_CHECKING:
+    from xtrain.data.balance import BalancedLayouts
 
 IGNORE_INDEX = -100
 """Label of a position without loss (the cross-entropy ignore index)."""
@@ -75,6 +80,16 @@ class Pack:
     @property
     def num_padding(self) -> int:
         return len(self.input_ids) - sum(piece.length for piece in self.pieces)
+
+
+@dataclass(frozen=True)
+class Balance:
+    """Data-parallel balance of a stream: windows of ``window_steps`` steps of ``global_batch`` packs over ``dp``
+    ranks (``data.balance_window``; see :mod:`xtrain.data.balance`)."""
+
+    window_steps: int
+    global_batch: int
+    dp: int
 
 
 @dataclass(frozen=True)
@@ -166,6 +181,19 @@ class PackBuilder:
         self.next_pack_id += 1
         return layout
 
+    def snapshot(self) -> dict[str, Any]:
+        """The builder's position: the document order's cursor, the waiting pieces and the next pack id."""
+        return {
+            "next_pack_id": self.next_pack_id,
+            "sources": self.order.state_dict(),
+            "waiting": [[p.source, p.document, p.epoch, p.start, p.length] for p in self.waiting],
+        }
+
+    def restore(self, position: dict[str, Any]) -> None:
+        self.next_pack_id = int(position["next_pack_id"])
+        self.order.load_state_dict(position["sources"])
+        self.waiting = [Piece(*(int(value) for value in entry)) for entry in position["waiting"]]
+
     def _draw_document(self) -> None:
         source, document, epoch = self.order.next_document()
         length = int(self._corpus.sources[source].lengths[document])
@@ -176,12 +204,27 @@ class PackBuilder:
 class PackStream:
     """The one global, infinite, resumable sequence of packs (every rank builds the same one)."""
 
-    def __init__(self, corpus: Corpus, pack_tokens: int, seed: int, *, lookahead: int = DEFAULT_LOOKAHEAD) -> None:
+    def __init__(
+        self,
+        corpus: Corpus,
+        pack_tokens: int,
+        seed: int,
+        *,
+        lookahead: int = DEFAULT_LOOKAHEAD,
+        balance: Balance | None = None,
+    ) -> None:
         if corpus.num_documents == 0 or any(source.num_documents == 0 for source in corpus.sources):
             raise DataError("every data source needs at least one document to pack")
         self._corpus = corpus
         self._seed = seed
         self._builder = PackBuilder(corpus, pack_tokens, seed, lookahead)
+        self._balanced: BalancedLayouts | None = None
+        if balance is not None:
+            from xtrain.data.balance import BalancedLayouts as Balanced  # noqa: PLC0415 (it builds on this module)
+
+            self._balanced = Balanced(
+                self._builder, window_steps=balance.window_steps, global_batch=balance.global_batch, dp=balance.dp
+            )
 
     @property
     def pack_tokens(self) -> int:
@@ -193,8 +236,13 @@ class PackStream:
         return list(self._builder.order.epochs)
 
     def next_packs(self, n: int) -> list[Pack]:
-        """The next ``n`` packs of the global order."""
-        return [self.materialize(self._builder.next_layout()) for _ in range(n)]
+        """The next ``n`` packs of the global order. Balanced, ``n`` is the global batch: one step's packs, rank
+        r's micro-step j at index ``r × (n / dp) + j`` (see :mod:`xtrain.data.balance`)."""
+        if self._balanced is None:
+            return [self.materialize(self._builder.next_layout()) for _ in range(n)]
+        if n != self._balanced.global_batch:
+            raise ValueError(f"a balanced stream gives one step of {self._balanced.global_batch} packs, not {n}")
+        return [self.materialize(layout) for layout in self._balanced.next_step()]
 
     def materialize(self, layout: PackLayout) -> Pack:
         """The arrays of one layout: ids, labels (see the module docstring), cu_seqlens, padding at the end."""
@@ -233,9 +281,8 @@ class PackStream:
             "pack_tokens": builder.pack_tokens,
             "lookahead": builder.lookahead,
             "corpus": self._corpus_signature(),
-            "next_pack_id": builder.next_pack_id,
-            "sources": builder.order.state_dict(),
-            "waiting": [[p.source, p.document, p.epoch, p.start, p.length] for p in builder.waiting],
+            **builder.snapshot(),
+            **({"balance": self._balanced.state_dict()} if self._balanced is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -254,9 +301,16 @@ class PackStream:
                     f"the saved data position does not fit this run: {key} was {state.get(key)!r}, now {value!r} "
                     "(resuming needs the same data files, tokenizer, data.pack_tokens, data.pack_lookahead and seed)"
                 )
-        builder.next_pack_id = int(state["next_pack_id"])
-        builder.order.load_state_dict(state["sources"])
-        builder.waiting = [Piece(*(int(value) for value in entry)) for entry in state["waiting"]]
+        saved_window = state.get("balance", {}).get("window_steps", 0)
+        window = self._balanced.window_steps if self._balanced is not None else 0
+        if saved_window != window:
+            raise DataError(
+                f"the saved data position was taken with data.balance_window = {saved_window}, now {window} "
+                "(resuming needs the same data.balance_window)"
+            )
+        builder.restore(state)
+        if self._balanced is not None:
+            self._balanced.load_state_dict(state["balance"])
 
     def _corpus_signature(self) -> list[list[int]]:
         # Documents and tokens per source: a position saved on other data would index other documents.

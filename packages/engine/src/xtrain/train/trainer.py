@@ -28,7 +28,9 @@ from deeptrace.spans import Category
 
 from xtrain import __version__
 from xtrain.config import TrainConfig, to_toml
-from xtrain.data import PackStream, prepare_corpus
+from xtrain.data import Corpus, PackStream, prepare_corpus
+from xtrain.data.balance import pack_cost
+from xtrain.data.packing import Balance
 from xtrain.errors import TrainingStoppedError
 from xtrain.loss import auto_chunk_tokens
 from xtrain.model.config import ModelConfig
@@ -95,6 +97,16 @@ def build_model(config: TrainConfig, model_cfg: ModelConfig, dist_ctx: Distribut
     )
     materialize(model, dist_ctx.device, seed=config.train.seed, hf_path=config.model.hf_path)
     return model
+
+
+def pack_stream(config: TrainConfig, corpus: Corpus, world_size: int) -> PackStream:
+    """The run's packs; balanced over the ``world_size`` data-parallel ranks when data.balance_window is set."""
+    balance = None
+    if config.data.balance_window:
+        balance = Balance(config.data.balance_window, config.train.global_batch, world_size)
+    return PackStream(
+        corpus, config.data.pack_tokens, seed=config.train.seed, lookahead=config.data.pack_lookahead, balance=balance
+    )
 
 
 def loss_settings(
@@ -175,7 +187,7 @@ def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
         corpus = prepare_corpus(
             config.data, rank=dist_ctx.rank, world_size=dist_ctx.world_size, barrier=barrier, log=log.info
         )
-    stream = PackStream(corpus, config.data.pack_tokens, seed=config.train.seed, lookahead=config.data.pack_lookahead)
+    stream = pack_stream(config, corpus, dist_ctx.world_size)
     start_step = skipped_total = skipped_in_a_row = 0
     resumed_fields: dict[str, Any] = {}
     if resume_from is not None:
@@ -291,6 +303,7 @@ def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
                 data_wait_s=data_wait,
                 tokens=sum(len(pack.input_ids) for pack in mine),
                 pack_ids=[pack.pack_id for pack in mine],
+                attention_cost=sum(pack_cost(pack.pieces) for pack in mine),
                 **checkpoint_fields,
                 **memory_figures(dist_ctx.device),
             )
