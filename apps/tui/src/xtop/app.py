@@ -73,6 +73,7 @@ class XtopApp(App[None]):
         self.state.current_run = 0
         self._start_mode = start_mode or ("run" if run_dirs else "jobs")
         self._first_poll = True
+        self._polling = False
         self.ticks = 0  # refreshes applied, for tests waiting on "one refresh"
 
     def on_mount(self) -> None:
@@ -85,10 +86,21 @@ class XtopApp(App[None]):
         self.refresh_now()
 
     def refresh_now(self) -> None:
+        # One look at a time: a tick that comes while the previous look still reads (a slow database) is skipped,
+        # so the feed's bookkeeping is never changed by two threads at once.
+        if self._polling:
+            return
+        self._polling = True
         self._poll()
 
-    @work(thread=True, exclusive=True, group="refresh", exit_on_error=False)
+    @work(thread=True, group="refresh", exit_on_error=False)
     def _poll(self) -> None:
+        try:
+            self._look()
+        finally:
+            self._polling = False
+
+    def _look(self) -> None:
         state = self.state
         if self._first_poll:  # the newest page first, so the table fills at once; the full read follows
             self._first_poll = False

@@ -15,6 +15,7 @@ from textual.widgets import Footer, Static
 
 from xtop.chart import LineChart
 from xtop.fmt import bar, duration, gib, number
+from xtop.jobs import state_style
 from xtop.run_source import RunSnapshot
 from xtop.screens.base import ModeBar, XtopScreen
 
@@ -58,17 +59,17 @@ class RunScreen(XtopScreen):
             self._clear()
             return
         snap = target.source.snapshot if target.source is not None else None
+        # The job and its state first: a long run directory is what gets cut at the right edge.
         text = Text(" ")
-        text.append(str(target.run_dir), style="bold")
-        if len(self.state.runs) > 1:
-            text.append(f"  [{self.state.current_run + 1}/{len(self.state.runs)}]", style="dim")
         if target.job_id is not None:
             job = self.state.jobs.rows.get(target.job_id)
-            text.append(f"  job {target.job_id}")
+            text.append(f"job {target.job_id}")
             if job is not None:
-                from xtop.jobs import state_style  # noqa: PLC0415
-
                 text.append(f" {job.state}", style=state_style(job.state))
+            text.append("  ")
+        if len(self.state.runs) > 1:
+            text.append(f"[{self.state.current_run + 1}/{len(self.state.runs)}] ", style="dim")
+        text.append(str(target.run_dir), style="bold")
         title.update(text)
         if snap is None:
             self._clear()
