@@ -53,9 +53,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("RUNTIME", 7, 0, lambda r, now: duration(r.run_time_s(now)), right=True),
     Column("TRY", 4, 0, lambda r, _: f"{r.attempt}/{r.max_retries + 1}", right=True),
     Column("HOSTS", 14, 120, lambda r, _: ",".join(r.hosts) or "-"),
-    Column("RUN DIR", 40, 150, lambda r, _: r.run_dir or "-"),
+    Column("RUN DIR", 0, 150, lambda r, _: r.run_dir or "-"),
 )
 NAME_MIN = 8
+NAME_MAX = 40
 # Only turns Text into segments (styles resolved by Textual); never prints.
 _CONSOLE = Console(width=1000, color_system="truecolor", legacy_windows=False)
 
@@ -153,10 +154,14 @@ class JobTable(ScrollView, can_focus=True):
 
     # -- drawing ------------------------------------------------------------------------------------------------
     def _layout(self, width: int) -> list[tuple[Column, int]]:
+        """Columns that fit; NAME (and RUN DIR, on wide screens) share what the fixed ones leave."""
         shown = [c for c in COLUMNS if width >= c.min_screen]
-        fixed = sum(c.width + 1 for c in shown if c.width)
-        name_width = max(NAME_MIN, width - fixed - 1)
-        return [(c, c.width or name_width) for c in shown]
+        flexible = [c for c in shown if not c.width]
+        left = max(NAME_MIN, width - sum(c.width for c in shown) - len(shown) + 1)
+        name_width = left if len(flexible) == 1 else max(NAME_MIN, min(NAME_MAX, left // 2))
+        widths = {c.title: c.width for c in shown if c.width}
+        widths.update({c.title: name_width if c.title == "NAME" else max(1, left - name_width) for c in flexible})
+        return [(c, widths[c.title]) for c in shown]
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width

@@ -124,7 +124,7 @@ def _ranks(snap: RunSnapshot, capacity: tuple[int, str] | None) -> Table:
     table.add_column("step", justify="right", no_wrap=True)
     table.add_column("mem alloc", justify="right", no_wrap=True)
     table.add_column("peak", justify="right", no_wrap=True)
-    table.add_column("of " + (capacity[1] if capacity else "?"), no_wrap=True, ratio=1)
+    table.add_column("of " + (capacity[1] if capacity else "?"), no_wrap=True, min_width=14)
     table.add_column("progress", justify="right", no_wrap=True)
     table.add_column("beat", justify="right", no_wrap=True)
     table.add_column("state", no_wrap=True, overflow="ellipsis", ratio=1)
@@ -145,7 +145,7 @@ def _ranks(snap: RunSnapshot, capacity: tuple[int, str] | None) -> Table:
             gib(rank.mem_allocated_bytes),
             gib(rank.mem_peak_bytes),
             Text(
-                bar(fraction, 12) + (f" {100 * fraction:.0f}%" if fraction is not None else ""),
+                bar(fraction, 10) + (f" {100 * fraction:3.0f}%" if fraction is not None else ""),
                 style="red" if fraction and fraction > 0.9 else "",
             ),
             duration(rank.progress_age_s) + " ago" if rank.progress_age_s is not None else "-",
