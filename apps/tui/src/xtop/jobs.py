@@ -150,6 +150,9 @@ class JobFeed:
         return live + ended + self._newer(client)
 
     def _newer(self, client: Any) -> list[JobRow]:
+        newest = client.list(limit=1, poll=False)  # the common case, nothing new, costs one row
+        if not newest or int(newest[0]["id"]) <= self._newest_id:
+            return []
         limit = NEWEST_BATCH
         while True:
             records = client.list(limit=limit, poll=False)
@@ -258,6 +261,7 @@ class JobTableModel:
         self.problem: str | None = None
         self.warnings: list[str] = []
         self.loaded = False
+        self.live_count = 0
 
     def apply(self, delta: JobDelta) -> bool:
         """Take in one look's result; True when what the table shows may have changed."""
@@ -270,6 +274,7 @@ class JobTableModel:
                 self.rows[row.id] = row
                 changed = True
         if changed:
+            self.live_count = sum(1 for row in self.rows.values() if row.live)
             self.reorder()
         return changed
 

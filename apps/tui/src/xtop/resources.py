@@ -7,12 +7,14 @@ empty GPU list and the reason rather than an error.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import psutil
-import pynvml
+from functools import partial
+from typing import Any
 
 from xtop.series import History
+
+# psutil and NVML are imported where they are used: the dashboard paints before it first samples.
 
 
 @dataclass(frozen=True)
@@ -45,15 +47,17 @@ class ResourceSample:
         return 100.0 * self.memory_used_bytes / self.memory_total_bytes if self.memory_total_bytes else 0.0
 
 
-def _optional(read: object) -> float | None:
+def _optional(read: Callable[[], Any], nvml: Any) -> float | None:
     try:
-        return float(read()) if callable(read) else None
-    except pynvml.NVMLError:
+        return float(read())
+    except nvml.NVMLError:
         return None
 
 
 def sample_gpus() -> tuple[tuple[GpuSample, ...], str]:
     """GPUs seen by NVML and, when there are none, the reason in a few words."""
+    import pynvml  # noqa: PLC0415
+
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as error:
@@ -65,7 +69,7 @@ def sample_gpus() -> tuple[tuple[GpuSample, ...], str]:
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             utilization = pynvml.nvmlDeviceGetUtilizationRates(handle)
             name = pynvml.nvmlDeviceGetName(handle)
-            power_mw = _optional(lambda h=handle: pynvml.nvmlDeviceGetPowerUsage(h))
+            power_mw = _optional(partial(pynvml.nvmlDeviceGetPowerUsage, handle), pynvml)
             samples.append(
                 GpuSample(
                     index=index,
@@ -75,7 +79,7 @@ def sample_gpus() -> tuple[tuple[GpuSample, ...], str]:
                     memory_total_bytes=int(memory.total),
                     power_w=None if power_mw is None else power_mw / 1000.0,
                     temperature_c=_optional(
-                        lambda h=handle: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
+                        partial(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU), pynvml
                     ),
                 )
             )
@@ -87,6 +91,8 @@ def sample_gpus() -> tuple[tuple[GpuSample, ...], str]:
 
 
 def sample_resources() -> ResourceSample:
+    import psutil  # noqa: PLC0415
+
     memory = psutil.virtual_memory()
     gpus, note = sample_gpus()
     per_cpu = tuple(float(p) for p in psutil.cpu_percent(interval=None, percpu=True))

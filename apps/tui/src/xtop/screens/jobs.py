@@ -12,7 +12,6 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Input, Static
 
 from xtop.job_table import JobTable
-from xtop.jobs import LIVE_STATES
 from xtop.screens.base import ModeBar, XtopScreen
 
 
@@ -46,7 +45,7 @@ class JobsScreen(XtopScreen):
         model = self.state.jobs
         table = self.query_one(JobTable)
         table.rows_changed()
-        live = sum(1 for row in model.rows.values() if row.state in LIVE_STATES)
+        live = model.live_count
         arrow = "↓" if model.descending else "↑"
         summary = Text()
         summary.append(f" {len(model.order)}", style="bold")

@@ -4,7 +4,7 @@ flagged."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.table import Table
 from rich.text import Text
@@ -16,8 +16,10 @@ from textual.widgets import Footer, Static
 from xtop.chart import LineChart
 from xtop.fmt import bar, duration, gib, number
 from xtop.jobs import state_style
-from xtop.run_source import RunSnapshot
 from xtop.screens.base import ModeBar, XtopScreen
+
+if TYPE_CHECKING:
+    from xtop.run_source import RunSnapshot  # deeptrace's readers load in the worker, after the first paint
 
 
 class RunScreen(XtopScreen):

@@ -1,0 +1,204 @@
+"""xtop's costs: one refresh of a 10,000-job table, following a metrics file, and start-up to first paint.
+
+    .venv/bin/python tools/bench/xtop_refresh.py [--jobs 10000] [--live 100] [--ticks 30]
+
+- refresh_ms: the median wall time of one tick with the jobs screen showing (200x60, headless): the worker's look
+  at the database (live jobs, those that ended, new ones), handing the result over, re-sorting, and drawing the
+  screen. Between ticks 5 live jobs end and 5 new ones arrive (written straight into the database, as the
+  daemon would). Beside it, in the same run: reading every job once (what a tick would cost without the
+  incremental cache). Target: <= 100 ms.
+- tail_ms_per_1k_lines: the cost of one poll of the run directory after 1,000 new metrics lines, once after a
+  short file (1,000 lines) and once after a long one (200,000 lines): following costs the new lines only when the
+  two agree (their ratio is printed). Target: proportional to the new lines.
+- startup_s: from starting `xtop` in a fresh tmux terminal to its first paint (the screen bar drawn), median of 3,
+  beside the bare `python -c "import textual.app"` in the same run. Target: <= 1 s.
+
+The last line is one JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from clusterx import Client, JobSpec
+from clusterx.db.models import Job, utcnow
+from sqlalchemy import insert, update
+from xtop.app import XtopApp
+from xtop.resources import ResourceSample
+from xtop.run_source import RunSource
+
+BIN = Path(sys.executable).parent
+
+
+def job_rows(start: int, count: int, state: str) -> list[dict[str, Any]]:
+    now = utcnow()
+    spec = JobSpec(command=["python", "train.py"], workdir="/work", run_dir="/runs/x").model_dump(mode="json")
+    return [
+        {
+            "submit_key": f"bench-{start + i}", "name": f"job-{(start + i) % 97}", "user": "bench",
+            "submit_host": socket.gethostname(), "backend": "local", "state": state, "spec": spec,
+            "run_dir": f"/runs/job-{start + i}", "log_paths": {}, "hosts": [], "rank_to_host": {}, "attempt": 1,
+            "max_retries": 0, "priority": 0, "nodes": 1, "cpus": 1, "gpus": 0, "mem_mib": 1024,
+            "cancel_requested": False, "created_at": now - timedelta(minutes=start + i), "updated_at": now,
+            "started_at": now - timedelta(minutes=1) if state == "RUNNING" else None,
+        }
+        for i in range(count)
+    ]  # fmt: skip
+
+
+def make_db(folder: Path, jobs: int, live: int) -> str:
+    db = str(folder / "jobs.db")
+    client = Client(db, runs_dir=folder / "runs")
+    with client.store.engine.begin() as connection:
+        for start in range(0, jobs - live, 5000):
+            connection.execute(insert(Job), job_rows(start, min(5000, jobs - live - start), "SUCCEEDED"))
+        connection.execute(insert(Job), job_rows(jobs - live, live, "RUNNING"))
+    client.close()
+    return db
+
+
+def churn(db: str, next_key: int, count: int) -> None:
+    """`count` of the oldest running jobs end and as many new running jobs arrive."""
+    client = Client(db)
+    with client.store.engine.begin() as connection:
+        running = connection.execute(
+            Job.__table__.select().where(Job.state == "RUNNING").order_by(Job.id).limit(count)
+        ).fetchall()
+        ids = [row.id for row in running]
+        connection.execute(update(Job).where(Job.id.in_(ids)).values(state="SUCCEEDED", ended_at=utcnow()))
+        connection.execute(insert(Job), job_rows(next_key, count, "RUNNING"))
+    client.close()
+
+
+def still_sample() -> ResourceSample:
+    return ResourceSample(10.0, 2, 1 << 30, 8 << 30, (), "bench", (10.0, 10.0))
+
+
+async def measure_refresh(db: str, ticks: int, live: int) -> tuple[list[float], int]:
+    app = XtopApp(db=db, refresh_s=3600, sampler=still_sample)
+    durations: list[float] = []
+    async with app.run_test(size=(200, 60)) as pilot:
+        while not app.state.jobs.loaded:
+            await pilot.pause(0.05)
+        await pilot.pause(0.2)
+        key = 1_000_000
+        for _ in range(ticks):
+            churn(db, key, 5)
+            key += 5
+            start, began = app.ticks, time.perf_counter()
+            app.refresh_now()
+            while app.ticks == start:
+                await asyncio.sleep(0.0005)
+            await pilot.pause()  # the repaint the tick asked for
+            durations.append((time.perf_counter() - began) * 1000)
+        shown = len(app.state.jobs.order)
+    return durations, shown
+
+
+def full_read_ms(db: str) -> float:
+    client = Client(db)
+    began = time.perf_counter()
+    client.list(limit=None, poll=False)
+    elapsed = (time.perf_counter() - began) * 1000
+    client.close()
+    return elapsed
+
+
+def metrics_line(step: int) -> bytes:
+    return json.dumps({"step": step, "time_unix_s": 1.8e9 + step, "loss": 2.0 + 1 / step, "lr": 3e-4,
+                       "grad_norm": 0.5, "tokens": 524288, "tokens_per_s": 51234.5, "step_time_s": 10.2,
+                       "max_steps": 10**7, "skipped_steps": 0}).encode() + b"\n"  # fmt: skip
+
+
+def tail_ms(folder: Path, before: int, new: int = 1000, repeats: int = 5) -> float:
+    """Median ms of one poll that finds `new` lines appended to a file of `before` lines."""
+    run_dir = folder / f"run-{before}"
+    run_dir.mkdir()
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_bytes(b"".join(metrics_line(s) for s in range(1, before + 1)))
+    source = RunSource(run_dir)
+    source.poll()
+    step, times = before, []
+    for _ in range(repeats):
+        with metrics.open("ab") as handle:
+            handle.write(b"".join(metrics_line(s) for s in range(step + 1, step + new + 1)))
+        step += new
+        began = time.perf_counter()
+        snap = source.poll()
+        times.append((time.perf_counter() - began) * 1000)
+        assert snap.step == step
+    return statistics.median(times) * 1000 / new
+
+
+def startup_s(db: str, runs: int = 3) -> tuple[float, float]:
+    tmux = shutil.which("tmux")
+    if tmux is None:
+        sys.exit("xtop_refresh: tmux is needed for the start-up figure (apt-get install tmux)")
+    firsts = []
+    for run in range(runs):
+        session = f"xtop-bench-{run}"
+        began = time.perf_counter()
+        subprocess.run([tmux, "new-session", "-d", "-s", session, "-x", "120", "-y", "40",
+                        f"{BIN / 'xtop'} --db {db}"], check=True)  # fmt: skip
+        while time.perf_counter() - began < 30:
+            pane = [tmux, "capture-pane", "-p", "-t", session]
+            screen = subprocess.run(pane, capture_output=True, text=True, check=False).stdout
+            if "1 jobs" in screen:
+                firsts.append(time.perf_counter() - began)
+                break
+            time.sleep(0.01)
+        subprocess.run([tmux, "kill-session", "-t", session], check=False)
+    baseline = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import textual.app"], check=True)
+        baseline.append(time.perf_counter() - began)
+    return statistics.median(firsts), statistics.median(baseline)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--live", type=int, default=100)
+    parser.add_argument("--ticks", type=int, default=30)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="xtop-bench-") as tmp:
+        folder = Path(tmp)
+        db = make_db(folder, args.jobs, args.live)
+        full_ms = full_read_ms(db)
+        durations, shown = asyncio.run(measure_refresh(db, args.ticks, args.live))
+        refresh = statistics.median(durations)
+        p90 = sorted(durations)[int(0.9 * (len(durations) - 1))]
+        print(f"refresh of {shown} jobs ({args.live} live, 5 end and 5 arrive per tick): median {refresh:.1f} ms, "
+              f"p90 {p90:.1f} ms; reading every job once: {full_ms:.0f} ms ({full_ms / refresh:.0f}x)")  # fmt: skip
+        short, long = tail_ms(folder, 1_000), tail_ms(folder, 200_000)
+        print(f"tail: {short:.2f} ms per 1k new lines after 1k lines, {long:.2f} ms after 200k lines "
+              f"(ratio {long / short:.2f})")  # fmt: skip
+        first_paint, bare = startup_s(db)
+        print(f"start-up to first paint: {first_paint:.2f} s (python -c 'import textual.app': {bare:.2f} s)")
+    figures = {
+        "refresh_ms": round(refresh, 1),
+        "refresh_p90_ms": round(p90, 1),
+        "full_read_ms": round(full_ms, 1),
+        "tail_ms_per_1k_lines": round(long, 2),
+        "tail_ms_per_1k_lines_short_file": round(short, 2),
+        "startup_s": round(first_paint, 2),
+        "import_textual_s": round(bare, 2),
+    }
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
