@@ -9,14 +9,14 @@ selects a row.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import ClassVar
 
-from rich.console import Console
+from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.geometry import Size
@@ -57,8 +57,6 @@ COLUMNS: tuple[Column, ...] = (
 )
 NAME_MIN = 8
 NAME_MAX = 40
-# Only turns Text into segments (styles resolved by Textual); never prints.
-_CONSOLE = Console(width=1000, color_system="truecolor", legacy_windows=False)
 
 
 class JobTable(ScrollView, can_focus=True):
@@ -164,28 +162,32 @@ class JobTable(ScrollView, can_focus=True):
         return [(c, widths[c.title]) for c in shown]
 
     def render_line(self, y: int) -> Strip:
+        # Segments are built directly (no rich Text per line): a tick redraws every visible line, since ages move.
         width = self.size.width
         layout = self._layout(width)
         if y == 0:
             style = self.get_component_rich_style("jobtable--header")
-            text = Text(" ".join(_fit(c.title, w, c.right) for c, w in layout), style=style)
-            return _strip(text, width, style)
+            title = " ".join(_fit(c.title, w, c.right) for c, w in layout)
+            return Strip([Segment(title, style)]).crop_extend(0, width, style)
         index = int(self.scroll_offset.y) + y - 1
         order = self.model.order
         if index >= len(order):
             return Strip.blank(width)
         row = self.model.rows[order[index]]
-        text = Text(no_wrap=True)
+        if index != self.cursor:
+            base = Style()
+        elif self.has_focus:
+            base = self.get_component_rich_style("jobtable--cursor")
+        else:
+            base = _UNFOCUSED_CURSOR
+        state = base + _state_rich_style(row.state)
+        segments = []
         for position, (column, column_width) in enumerate(layout):
             if position:
-                text.append(" ")
+                segments.append(Segment(" ", base))
             cell = _fit(column.cell(row, self._now), column_width, column.right)
-            text.append(cell, style=state_style(row.state) if column.title == "STATE" else "")
-        base = self.get_component_rich_style("jobtable--cursor") if index == self.cursor else Style()
-        if index == self.cursor and not self.has_focus:
-            base = Style(reverse=True, dim=True)
-        text.stylize(base)
-        return _strip(text, width, base)
+            segments.append(Segment(cell, state if column.title == "STATE" else base))
+        return Strip(segments).crop_extend(0, width, base)
 
     def on_resize(self) -> None:
         self.virtual_size = Size(self.size.width, len(self.model.order) + 1)
@@ -197,5 +199,9 @@ def _fit(text: str, width: int, right: bool = False) -> str:
     return text.rjust(width) if right else text.ljust(width)
 
 
-def _strip(text: Text, width: int, style: Style) -> Strip:
-    return Strip(list(text.render(_CONSOLE)), text.cell_len).crop_extend(0, width, style)
+_UNFOCUSED_CURSOR = Style(reverse=True, dim=True)
+
+
+@functools.cache
+def _state_rich_style(state: str) -> Style:
+    return Style.parse(state_style(state) or "none")
