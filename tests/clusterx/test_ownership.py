@@ -18,7 +18,7 @@ from clusterx.backends.fake import write_fake_state
 from clusterx.cli import main
 from clusterx.daemon.fastpath import socket_path
 from clusterx.db.models import Job
-from clusterx.errors import NotOwnerError
+from clusterx.errors import JobNotFoundError, NotOwnerError
 from sqlalchemy import update
 
 from tests.clusterx.conftest import wait_until
@@ -133,3 +133,57 @@ def test_the_daemon_trusts_the_kernel_not_the_callers_word(
     assert client.describe(fake)["state"] == "FAILED"
     with pytest.raises(NotOwnerError, match=f"job {fake} belongs to {client.user}; mallory may not retry it"):
         Client(db, user="mallory").retry(fake)
+
+
+@pytest.mark.postgres
+def test_a_shared_postgresql_history_keeps_each_role_to_its_own_jobs(postgres_server: str, tmp_path: Path) -> None:
+    """The rule of docs/clusterx.md ("Ownership", PostgreSQL) applied as written: a role that claims to be the
+    job's owner (so the client's own check passes) still cannot cancel another role's job."""
+    import psycopg
+
+    from tests.clusterx.conftest import new_postgres_database
+
+    admin_url = new_postgres_database(postgres_server)
+    Client(admin_url).close()  # the database's owner creates the tables (migrations)
+    with psycopg.connect(admin_url, autocommit=True) as connection:
+        for statement in DOCUMENTED_POLICY:
+            connection.execute(statement)
+        for role in ("alice", "bob"):
+            connection.execute(f"DO $$ BEGIN CREATE ROLE {role} LOGIN IN ROLE clusterx_users; "
+                               "EXCEPTION WHEN duplicate_object THEN NULL; END $$")  # fmt: skip
+    as_role = admin_url.replace("postgresql://postgres@", "postgresql://{}@")
+    fake = {"state_dir": str(tmp_path / "fake")}
+    alice = Client(as_role.format("alice"), user="alice", runs_dir=tmp_path / "runs", poll_interval_s=0)
+    job = alice.submit(JobSpec(command=["train"], backend="fake", backend_options=fake))["id"]
+    bob_as_alice = Client(as_role.format("bob"), user="alice", runs_dir=tmp_path / "runs", poll_interval_s=0)
+    assert bob_as_alice.describe(job)["user"] == "alice"  # everyone reads every job
+    with pytest.raises(JobNotFoundError, match=f"no job {job}"):
+        bob_as_alice.cancel([job])
+    assert alice.describe(job)["state"] == "QUEUED" and not alice.describe(job)["cancel_requested"]
+    with psycopg.connect(as_role.format("bob"), autocommit=True) as bob:
+        assert bob.execute("UPDATE jobs SET priority = 99 WHERE id = %s", (job,)).rowcount == 0  # not his to change
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):  # nor to forge
+            bob.execute(
+                'INSERT INTO jobs (submit_key, name, "user", submit_host, backend, state, spec, run_dir, log_paths, '
+                "hosts, rank_to_host, attempt, max_retries, priority, nodes, cpus, gpus, mem_mib, cancel_requested, "
+                "created_at, updated_at) VALUES ('k', 'n', 'alice', 'h', 'fake', 'QUEUED', '{}', '/r', '{}', '[]', "
+                "'{}', 1, 0, 0, 1, 1, 0, 0, false, now(), now())"
+            )
+    assert alice.describe(job)["priority"] == 0  # bob's UPDATE matched no row he may change
+    alice.cancel([job])
+    assert alice.describe(job)["state"] == "CANCELLED"
+    for client in (alice, bob_as_alice):
+        client.close()
+
+
+# The statements of docs/clusterx.md, "Ownership" (keep the two the same).
+DOCUMENTED_POLICY = [
+    "DO $$ BEGIN CREATE ROLE clusterx_users; EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+    "GRANT SELECT ON alembic_version TO clusterx_users",
+    "GRANT SELECT, INSERT, UPDATE ON jobs, job_events, attempts TO clusterx_users",
+    "GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO clusterx_users",
+    "ALTER TABLE jobs ENABLE ROW LEVEL SECURITY",
+    "CREATE POLICY read_all ON jobs FOR SELECT USING (true)",
+    'CREATE POLICY insert_own ON jobs FOR INSERT WITH CHECK ("user" = current_user)',
+    'CREATE POLICY update_own ON jobs FOR UPDATE USING ("user" = current_user)',
+]

@@ -66,6 +66,12 @@ def time_limit_job(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPat
     request = request_for(tmp_path_factory.mktemp("timeout"), ["sleep", "300"], time_limit="1m")
     job_id = backend.submit(request)
     wait_for_status(backend, job_id, is_running)
+    # The end time moves only once the job's step runs: moved before the script's srun has created it, Slurm ends
+    # the job while srun starts ("Unable to create step"), which is a failure, not a time-out.
+    deadline = time.monotonic() + 60
+    while f"{job_id}.0" not in slurm_cluster.run("squeue", "--steps", "--noheader", "--format=%i").stdout.split():
+        assert time.monotonic() < deadline, "the time-limit job's step never started"
+        time.sleep(0.3)
     # Slurm refuses an end time that is not after the job's start time (whole seconds, and the start it records
     # can trail the moment squeue first says RUNNING): ask again with a fresh "now" until it is accepted.
     deadline = time.monotonic() + 30

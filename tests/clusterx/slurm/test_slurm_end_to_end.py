@@ -1,6 +1,6 @@
-"""clusterx's command line and Python API on the REAL one-node Slurm: submit, describe --json, wait, cancel.
+"""clusterx's command line and Python API on the REAL test Slurm: submit, describe --json, wait, cancel.
 
-The 2-process torchrun job of the issue's "done when", run through `clusterx submit --backend slurm`.
+A 2-node × 2-process torchrun job through `clusterx submit --backend slurm`, and a job Slurm requeues.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 from clusterx import Client
 from clusterx.spec import JobSpec, env_from_shell
 
-from tests.clusterx.slurm.conftest import SlurmCluster
+from tests.clusterx.conftest import wait_until
+from tests.clusterx.slurm.conftest import MULTI_NODE_PARTITION, SlurmCluster
 from tests.conftest import REPO_ROOT
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
@@ -30,7 +31,7 @@ dist.init_process_group("gloo")
 value = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(value)
 with open(os.path.join(os.environ["CLUSTERX_RUN_DIR"], f"rank-{dist.get_rank()}.txt"), "w") as f:
-    f.write(f"{dist.get_world_size()} {value.item()}")
+    f.write(f"{dist.get_world_size()} {value.item()} {os.environ['SLURMD_NODENAME']}")
 dist.destroy_process_group()
 """
 
@@ -67,28 +68,74 @@ class Cli:
         return int(record["id"])
 
 
-def test_torchrun_job_through_the_cli(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+def test_two_node_torchrun_job_through_the_cli(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """2 nodes × 2 processes: one torchrun agent per node (both slurmd of the test cluster), four ranks in one
+    all_reduce, and `describe --json` telling which host each rank ran on."""
     cli = Cli(tmp_path, slurm_cluster)
     script = tmp_path / "allreduce.py"
     script.write_text(ALLREDUCE)
     torchrun = str(REPO_ROOT / ".venv" / "bin" / "torchrun")
     job_id = cli.submit(
-        "--name=allreduce", "--procs-per-node=2", "--cpus-per-node=2", "--mem=2G", "--",
-        torchrun, "--nproc-per-node", "2", str(script),
+        "--name=allreduce", f"--partition={MULTI_NODE_PARTITION}", "--nodes=2", "--procs-per-node=2",
+        "--cpus-per-node=2", "--mem=1G", "--", torchrun, "--nproc-per-node", "2", str(script),
     )  # fmt: skip
     waited = cli.run("wait", str(job_id))
     record = cli.json("describe", str(job_id), "--json")
     assert waited.returncode == 0, (waited.stdout, record["failure_reason"], Path(record["log_paths"]["stderr"]))
     assert (record["state"], record["raw_state"], record["exit_code"]) == ("SUCCEEDED", "COMPLETED", 0)
-    assert record["hosts"] == [slurm_cluster.node]
-    assert record["rank_to_host"] == {"0": slurm_cluster.node, "1": slurm_cluster.node}
+    hosts = record["hosts"]
+    assert sorted(hosts) == sorted(slurm_cluster.nodes)  # both nodes, in Slurm's order for the job
+    assert record["rank_to_host"] == {"0": hosts[0], "1": hosts[0], "2": hosts[1], "3": hosts[1]}
     run_dir = Path(record["run_dir"])
-    for rank in (0, 1):
-        assert (run_dir / f"rank-{rank}.txt").read_text() == "2 3.0"  # both ranks took part in the all_reduce
+    for rank, host in record["rank_to_host"].items():
+        world, total, node = (run_dir / f"rank-{rank}.txt").read_text().split()
+        assert (world, float(total)) == ("4", 10.0)  # all four ranks took part in the all_reduce
+        assert node == host  # the rank ran where the record says (its slurmd's node name)
+    assert "#SBATCH --nodes=2" in record["rendered_request"]
     assert "#SBATCH --ntasks-per-node=1" in record["rendered_request"]
-    assert Path(record["log_paths"]["stdout"]).is_file()
     assert record["started_at"] is not None
     assert record["ended_at"] is not None
+
+
+def test_a_job_slurm_requeues_runs_again_as_the_next_attempt(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """--requeue on Slurm behaves like --max-retries on the local backend from the user's side: the job stays live,
+    each run is the next attempt (CLUSTERX_ATTEMPT, the attempts list), in the same run directory."""
+    client = Client(str(tmp_path / "api.db"), runs_dir=tmp_path / "runs", poll_interval_s=0)
+    try:
+        script = (
+            'echo "$CLUSTERX_ATTEMPT" >> "$CLUSTERX_RUN_DIR/attempts.txt"; [ "$CLUSTERX_ATTEMPT" -ge 2 ] || sleep 300'
+        )
+        spec = JobSpec(
+            command=["/bin/bash", "-c", script],
+            env=env_from_shell(os.environ),
+            mem_per_node="100M",
+            requeue=True,
+            backend="slurm",
+            backend_options={"slurm_conf": str(slurm_cluster.conf), "state_dir": str(slurm_cluster.status_dir)},
+        )
+        job = client.submit(spec)
+        assert "#SBATCH --requeue\n" in job["rendered_request"]
+        attempts_file = Path(job["run_dir"]) / "attempts.txt"
+        wait_until(lambda: attempts_file.exists() and attempts_file.read_text() == "1\n", timeout_s=60)
+        slurm_id = job["backend_job_id"]
+        assert slurm_cluster.run("scontrol", "requeue", slurm_id).returncode == 0
+        # Slurm holds a requeued batch job back for a while (BeginTime); let it go as soon as it waits again.
+        wait_until(lambda: client.describe(job["id"])["attempt"] == 2, timeout_s=60)
+        wait_until(
+            lambda: slurm_cluster.run("scontrol", "update", f"JobId={slurm_id}", "StartTime=now").returncode == 0
+        )
+        done = client.wait(job["id"], timeout_s=120)
+        assert (done["state"], done["attempt"], done["backend_job_id"]) == ("SUCCEEDED", 2, slurm_id)
+        assert attempts_file.read_text() == "1\n2\n"
+        assert [(a["attempt"], a["state"], a["backend_job_id"]) for a in done["attempts"]] == [
+            (1, "PREEMPTED", slurm_id),
+            (2, "SUCCEEDED", slurm_id),
+        ]
+        assert "requeued by slurm" in done["attempts"][0]["reason"]
+        states = [e["to_state"] for e in done["events"]]
+        assert states.index("SUCCEEDED") == len(states) - 1  # live between attempts; only the last end is final
+    finally:
+        client.close()
 
 
 def test_wait_exit_status_follows_the_end_state(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:

@@ -40,8 +40,8 @@ def directives(script: str) -> dict[str, str]:
     found = {}
     for line in script.splitlines():
         if line.startswith("#SBATCH --"):
-            key, _, value = line.removeprefix("#SBATCH --").partition("=")
-            (found[key],) = shlex.split(value)  # Slurm's #SBATCH parser reads shell quoting too
+            key, sep, value = line.removeprefix("#SBATCH --").partition("=")
+            (found[key],) = shlex.split(value) if sep else [""]  # Slurm's #SBATCH parser reads shell quoting too
     return found
 
 
@@ -83,6 +83,7 @@ def test_directives_of_a_plain_job(tmp_path: Path) -> None:
         "error": str(tmp_path / "logs" / "stderr.log"),
         "chdir": "/work/dir",
         "export": "NONE",
+        "no-requeue": "",  # a flag: Slurm requeues only a spec with requeue = true
     }
 
 
@@ -100,13 +101,20 @@ def test_torchrun_launcher_runs_one_task_per_node_holding_all_cpus(tmp_path: Pat
         '--nnodes="$SLURM_NNODES"',
         '--node-rank="$SLURM_NODEID"',
         "--nproc-per-node=2",
-        "--rdzv-backend=c10d",
+        "--rdzv-backend=static",  # ranks follow SLURM_NODEID, as rank_to_host reports them
         '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"',
     ):
         assert expected in inner
     assert argv[8:] == ["torchrun", "--nproc-per-node", "2", "train.py"]  # the user's own options come last
     assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in script
     assert "MASTER_PORT=$((15000 + SLURM_JOB_ID % 15000))" in script
+
+
+def test_requeue_is_what_the_spec_says(tmp_path: Path) -> None:
+    assert "#SBATCH --requeue\n" in render(JobSpec(command=["true"], backend="slurm", requeue=True), tmp_path)
+    assert "#SBATCH --no-requeue\n" in render(JobSpec(command=["true"], backend="slurm"), tmp_path)
+    with pytest.raises(SpecError, match=r"the local backend cannot requeue a job itself .* max_retries"):
+        JobSpec.from_mapping({"command": ["true"], "requeue": True})
 
 
 def test_launcher_option_wraps_a_script_in_torchrun(tmp_path: Path) -> None:

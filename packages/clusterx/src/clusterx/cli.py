@@ -94,6 +94,8 @@ def main(ctx: click.Context, db: str | None) -> None:
 @click.option("--time", "time_limit", help="time limit, e.g. 01:30:00 or 90m")
 @click.option("--priority", type=int, help="higher runs first [0]")
 @click.option("--max-retries", type=int, help="extra attempts after a failure [0]")
+@click.option("--requeue", is_flag=True, default=None, help="let the backend requeue the job itself (Slurm: node "
+              "failure, preemption); each run is the next attempt")  # fmt: skip
 @click.option("--partition", help="Slurm partition")
 @click.option("--run-dir", help="run directory [chosen by clusterx]")
 @click.option("--backend", type=click.Choice(BACKEND_NAMES), help=f"where to run [{DEFAULT_BACKEND}]")

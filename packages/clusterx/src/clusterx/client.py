@@ -10,6 +10,7 @@ record the answer through the store, which ignores stale answers.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import socket
 import time
@@ -23,7 +24,7 @@ from clusterx.backends import backend_info, get_backend, pollable_backends
 from clusterx.backends.base import Backend, BackendStatus, SubmitRequest
 from clusterx.db.engine import resolve_db_url
 from clusterx.db.models import Job, utcnow
-from clusterx.errors import BackendError, ClusterxError, JobStateError, NotOwnerError, SpecError
+from clusterx.errors import BackendError, ClusterxError, JobNotFoundError, JobStateError, NotOwnerError, SpecError
 from clusterx.ownership import ROOT_UID, not_owner_message, user_name
 from clusterx.paths import attempt_dir, default_runs_dir
 from clusterx.record import job_record
@@ -34,6 +35,9 @@ from clusterx.store import JobStore
 # A polled job its backend no longer reports, this long after submission, is LOST (its end was never seen).
 LOST_AFTER = timedelta(minutes=2)
 RETRYABLE_STATES = (JobState.FAILED, JobState.NODE_FAIL)
+# What a run the backend requeued itself is recorded as: its cause (node failure, preemption, an administrator's
+# requeue) is not reported, and the job lives on.
+REQUEUED_REASON = "requeued by {backend} (a node failure, a preemption or an administrator's requeue)"
 # A job still PENDING this long after it was stored lost its submitter (a backend's submit takes seconds).
 STUCK_PENDING_AFTER = timedelta(minutes=5)
 
@@ -239,9 +243,11 @@ class Client:
                 result[job.id] = job.state
                 continue
             backend = self._backend(job.backend, job.spec.get("backend_options", {}))
-            if job.backend_job_id:
-                backend.cancel(job.backend_job_id)  # a daemon backend sends nothing: the flag below is its signal
+            # The database first: where it keeps each role to its own jobs (see docs, Ownership), a refusal stops
+            # the cancel before the backend hears of it. Asking again after a failed backend call is harmless.
             result[job.id] = self.store.request_cancel(job.id, source)
+            if job.backend_job_id and not job.state.is_terminal:
+                backend.cancel(job.backend_job_id)  # a daemon backend sends nothing: the flag is its signal
             if backend_info(job.backend).needs_daemon and not result[job.id].is_terminal:
                 self._ensure_daemon()  # the daemon acts on the cancel flag: make sure one runs
         return result
@@ -342,18 +348,24 @@ class Client:
                 self.poll_errors.append(f"could not ask the {name} backend about {len(jobs)} live job(s): {error}")
                 continue
             for job in jobs:
-                status = statuses.get(job.backend_job_id or "")
-                if status is not None:
-                    self._record_status(job, status, backend)
-                elif job.submitted_at is not None and utcnow() - job.submitted_at > LOST_AFTER:
-                    reason = f"the {name} backend no longer knows job {job.backend_job_id}"
-                    self.store.apply(
-                        job.id, f"poll:{name}", reason, JobState.LOST,
-                        fields={"failure_reason": reason}, expect_attempt=job.attempt,
-                    )  # fmt: skip
+                # A job just read but not found for writing is another role's on a database that keeps each role
+                # to its own rows (docs/clusterx.md, Ownership): its owner's clients record it.
+                with contextlib.suppress(JobNotFoundError):
+                    self._record_poll(job, statuses.get(job.backend_job_id or ""), backend)
+
+    def _record_poll(self, job: Job, status: BackendStatus | None, backend: Backend) -> None:
+        if status is not None:
+            self._record_status(job, status, backend)
+        elif job.submitted_at is not None and utcnow() - job.submitted_at > LOST_AFTER:
+            reason = f"the {backend.name} backend no longer knows job {job.backend_job_id}"
+            self.store.apply(
+                job.id, f"poll:{backend.name}", reason, JobState.LOST,
+                fields={"failure_reason": reason}, expect_attempt=job.attempt,
+            )  # fmt: skip
 
     def _record_status(self, job: Job, status: BackendStatus, backend: Backend) -> None:
         source = f"poll:{backend.name}"
+        job = self._count_requeues(job, status, backend, source)
         fields: dict[str, Any] = {"raw_state": status.raw_state}
         if status.exit_code is not None:
             fields["exit_code"] = status.exit_code
@@ -387,6 +399,28 @@ class Client:
             job.id, source, message, status.state, fields=fields, expect_attempt=job.attempt,
             attempt_fields=attempt_fields,
         )  # fmt: skip
+
+    def _count_requeues(self, job: Job, status: BackendStatus, backend: Backend, source: str) -> Job:
+        """A backend that requeued the job itself (Slurm, with `requeue`) runs it again under the same id: each
+        run it ended becomes a closed attempt and the next run the next attempt, as a local retry is (the run
+        itself sees that number as CLUSTERX_ATTEMPT). Returns the job as it is now."""
+        if not (backend_info(job.backend).supports_requeue and job.spec.get("requeue")):
+            return job  # submitted with --no-requeue: never requeued, whatever an old file might say
+        runs_ended = 0
+        if status.restarts is not None:
+            same_id = [a.attempt for a in self.store.attempts(job.id) if a.backend_job_id == status.backend_job_id]
+            runs_ended = min(same_id, default=job.attempt) + status.restarts - job.attempt
+        if status.state is JobState.QUEUED and job.state in (JobState.STARTING, JobState.RUNNING):
+            runs_ended = max(runs_ended, 1)  # it ran and waits again: requeued, its next run not begun
+        for _ in range(runs_ended):
+            message = f"attempt {job.attempt} {REQUEUED_REASON.format(backend=backend.name)}; it runs again as " + (
+                f"attempt {job.attempt + 1}"
+            )
+            ended = {"state": JobState.PREEMPTED, "reason": REQUEUED_REASON.format(backend=backend.name)}
+            if not self.store.requeue_for_retry(job.id, job.attempt, source, message, {**ended, "ended_at": utcnow()}):
+                break
+            job = self.store.get(job.id)
+        return job
 
     def _backend(self, name: str, options: Mapping[str, str]) -> Backend:
         key = (name, tuple(sorted(options.items())))

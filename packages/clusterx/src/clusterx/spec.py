@@ -91,6 +91,11 @@ class JobSpec(BaseModel):
     time_limit: int | None = Field(default=None, ge=1, description="seconds ('01:30:00', '90m' accepted)")
     priority: int = Field(default=0, description="higher runs first")
     max_retries: int = Field(default=0, ge=0, le=100, description="extra attempts after a failed one")
+    requeue: bool = Field(
+        default=False,
+        description="the backend may put the job back in its queue itself (Slurm: node failure, preemption, "
+        "scontrol requeue); each new run is the next attempt, as a retry is",
+    )
     partition: str | None = Field(default=None, description="Slurm partition")
     run_dir: str | None = Field(default=None, description="run directory; chosen by clusterx when unset")
     backend: str = Field(default=DEFAULT_BACKEND, description="where it runs: a name in clusterx.backends.BACKENDS")
@@ -136,6 +141,17 @@ class JobSpec(BaseModel):
                     "(chmod 600) and give the job that file's path instead"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _requeue_where_possible(self) -> JobSpec:
+        if self.requeue and not BACKENDS[self.backend].supports_requeue:
+            able = ", ".join(name for name, info in BACKENDS.items() if info.supports_requeue)
+            raise ValueError(
+                f"the {self.backend} backend cannot requeue a job itself (backends that can: {able}); "
+                "max_retries gives the same from your side: each new run is the next attempt, in the same run "
+                "directory, with CLUSTERX_ATTEMPT counting up"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -42,6 +42,9 @@ class BackendStatus:
     rank_to_host: Mapping[int, str] = field(default_factory=dict)
     started_at: datetime | None = None
     ended_at: datetime | None = None
+    # How many times the backend requeued the job itself (Slurm's restart count): its run number, from 0.
+    # None when the backend does not say.
+    restarts: int | None = None
 
 
 class Backend(Protocol):

@@ -114,7 +114,8 @@ class SlurmBackend:
         for job_id in job_ids:
             record = queued.get(job_id)
             if record is not None and not map_slurm_state(record.raw_state).state.is_terminal:
-                status_file = read_status_file(status_file_path(state_dir, job_id)) if record.nodelist else None
+                # A waiting job's file, when it has one, is from a run Slurm requeued.
+                status_file = read_status_file(status_file_path(state_dir, job_id))
                 statuses[job_id] = self._status_from_record(job_id, record, status_file)
             else:
                 ended.append(job_id)  # finished (squeue may still show its end state) or forgotten
@@ -187,6 +188,7 @@ class SlurmBackend:
             # squeue's start time of a waiting job is only Slurm's forecast
             started_at=started or (status_file.started_at if status_file else None),
             ended_at=record.ended_at or (status_file.ended_at if status_file else None),
+            restarts=_restarts(state, status_file),
         )
 
     def _status_from_file(self, job_id: str, status_file: StatusFile) -> BackendStatus:
@@ -203,7 +205,16 @@ class SlurmBackend:
             rank_to_host=ranks,
             started_at=status_file.started_at,
             ended_at=status_file.ended_at,
+            restarts=status_file.restarts,
         )
+
+
+def _restarts(state: JobState, status_file: StatusFile | None) -> int | None:
+    """Slurm's restart count of the job's current run. The file is written by each run as it starts: a running or
+    ended job's file is its own run's; a waiting job's file is the run before, which Slurm requeued."""
+    if status_file is None:
+        return None
+    return status_file.restarts + 1 if state is JobState.QUEUED else status_file.restarts
 
 
 def _end_from_file(status_file: StatusFile) -> tuple[JobState, str, int | None, str | None]:

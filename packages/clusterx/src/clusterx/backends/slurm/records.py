@@ -101,6 +101,7 @@ class StatusFile:
     nodelist: str
     time_limit_s: int
     procs_per_node: int  # ranks per host, for rank → host (Slurm itself does not know torchrun's workers)
+    restarts: int  # SLURM_RESTART_COUNT of the run that wrote it: 1 after Slurm requeued the job once
     exit_code: int | None  # set when the job's processes ended by themselves
     signal: str | None  # "TERM" when Slurm terminated the script (scancel, time limit, preemption)
     slurm_state: str  # squeue's %T as the script ended ("RUNNING", "COMPLETING", ...), or ""
@@ -127,6 +128,7 @@ def parse_status_file(text: str) -> StatusFile:
         nodelist=values.get("nodelist", ""),
         time_limit_s=int(limit_text) if limit_text.isdigit() else 0,
         procs_per_node=int(procs_text) if procs_text.isdigit() and int(procs_text) > 0 else 1,
+        restarts=int(restarts_text) if (restarts_text := values.get("restarts", "0")).isdigit() else 0,
         exit_code=int(exit_text) if exit_text.isdigit() else None,
         signal=values.get("signal") or None,
         slurm_state=slurm_state,

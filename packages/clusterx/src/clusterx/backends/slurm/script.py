@@ -3,7 +3,7 @@
 Choices (docs/clusterx-slurm.md explains them at length):
 - torchrun launcher: ONE task per node runs torchrun, which starts procs_per_node workers itself; the task
   holds all the node's CPUs. This is how torchrun is meant to run under Slurm (its agent restarts and monitors
-  the local workers), and the rendezvous (c10d) needs exactly one agent per node.
+  the local workers); the rendezvous is static, one agent per node, ranked by SLURM_NODEID.
 - srun launcher: procs_per_node tasks per node, each with its share of the CPUs, ranks from SLURM_PROCID.
 - Values go into the script through shlex.quote; values on #SBATCH lines must not hold line breaks (a line break
   would start a new directive), and the job name is reduced to a safe alphabet because Slurm's job-completion
@@ -80,12 +80,12 @@ def uses_torchrun(spec: JobSpec, options: SlurmOptions) -> bool:
 
 def sbatch_directives(
     spec: JobSpec, options: SlurmOptions, log_dir: Path, workdir: Path, torchrun: bool
-) -> list[tuple[str, str]]:
-    """(option, value) pairs of the #SBATCH lines, in a fixed order."""
+) -> list[tuple[str, str | None]]:
+    """(option, value) pairs of the #SBATCH lines, in a fixed order (value None: a flag)."""
     tasks_per_node = 1 if torchrun else spec.procs_per_node
     cpus_per_task = spec.cpus_needed if torchrun else max(1, spec.cpus_needed // spec.procs_per_node)
     logs = log_paths_for(log_dir)
-    directives = [
+    directives: list[tuple[str, str | None]] = [
         ("job-name", slurm_job_name(spec.name)),
         ("nodes", str(spec.nodes)),
         ("ntasks-per-node", str(tasks_per_node)),
@@ -109,6 +109,9 @@ def sbatch_directives(
         ("chdir", str(workdir)),
         # The submitting shell's environment stays out; the script exports the job's own (below).
         ("export", "NONE"),
+        # Whether Slurm may put the job back in its queue itself (node failure, preemption, scontrol requeue):
+        # what the spec says, never the cluster's default (JobRequeue).
+        ("requeue" if spec.requeue else "no-requeue", None),
     ]
     return directives
 
@@ -124,11 +127,13 @@ def launch_command(spec: JobSpec, options: SlurmOptions, torchrun: bool) -> str:
         program = options.torchrun
         no_python = [] if spec.command[0].endswith(".py") else ["--no-python"]
         user_args = no_python + spec.command
-    # Evaluated inside each srun task (one per node), where SLURM_NODEID is that node's index; the user's own
-    # torchrun options come after ours, so they win where both are given (argparse keeps the last).
+    # Evaluated inside each srun task (one per node), where SLURM_NODEID is that node's index in the allocation.
+    # A static rendezvous: global rank = node rank × procs per node + local rank, so ranks follow Slurm's node
+    # order, which is what rank_to_host reports (c10d would rank the agents by sorted host name and pid instead).
+    # The user's own torchrun options come after ours, so they win where both are given (argparse keeps the last).
     inner = (
         'exec "$0" --nnodes="$SLURM_NNODES" --node-rank="$SLURM_NODEID" '
-        f"--nproc-per-node={spec.procs_per_node} --rdzv-backend=c10d "
+        f"--nproc-per-node={spec.procs_per_node} --rdzv-backend=static "
         '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="clusterx-$SLURM_JOB_ID" "$@"'
     )
     return (
@@ -155,7 +160,7 @@ def render_sbatch_script(
     workdir = Path(spec.workdir) if spec.workdir else submit_dir
     run_dir = spec.run_dir or str(log_dir)
     directives = [
-        f"#SBATCH --{key}={_directive_value(key, value)}"
+        f"#SBATCH --{key}" if value is None else f"#SBATCH --{key}={_directive_value(key, value)}"
         for key, value in sbatch_directives(spec, options, log_dir, workdir, torchrun)
     ]
     environment = job_environment(spec, backend="slurm", job_id=job_id, attempt=attempt, run_dir=run_dir)
