@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
@@ -96,6 +97,12 @@ async def test_jobs_filter_sort_and_state_changes_show_within_one_refresh(tmp_pa
         assert app.state.jobs.rows[ids["dense-b"]].state == "RUNNING"
         line = app.screen.query_one(JobTable).render_line(1).text  # the first row: dense-b
         assert "dense-b" in line and "RUNNING" in line
+
+        # Another writer of the database (as the local daemon is) moves a job on: shown at the next refresh.
+        with sqlite3.connect(db) as connection:
+            connection.execute("UPDATE jobs SET state = 'STARTING' WHERE id = ?", (ids["moe-a"],))
+        await one_refresh(pilot, app)
+        assert app.state.jobs.rows[ids["moe-a"]].state == "STARTING"
 
 
 async def test_cancel_asks_first_and_resubmit_makes_a_retry(tmp_path: Path) -> None:
