@@ -11,22 +11,25 @@
 # On this CPU machine:   bash tools/gpu_check.sh --dry-run   runs the same steps small, on the CPU, with .venv's
 # python and no time limits (minutes on a loaded 2-core machine): it checks the script, not the GPU.
 #
-# Steps, each under its own time limit (the whole within 8 minutes):
+# Steps, each under its own time limit (the whole within 9.5 minutes: the device tool's limit is 10 per command):
 #  1. install (75 s): the wheels, then the workspace packages the checks import (deeptrace, xtrain) with
 #     `pip install --no-deps --no-index --no-build-isolation -e` (hatchling, their build backend, is one of the
 #     wheels); if the interpreter's environment is not writable, the wheels go to /tmp/site and the packages'
 #     src/ folders on PYTHONPATH instead (said in the output).
-#  2. CUDA tests (200 s): the project has no `cuda` pytest marker (pyproject.toml declares slow, slurm, postgres,
+#  2. CUDA tests (170 s): the project has no `cuda` pytest marker (pyproject.toml declares slow, slurm, postgres,
 #     multiprocess): its CUDA-only tests sit behind torch.cuda.is_available() (the flash_attn and torch_varlen
 #     attention backends in tests/engine/test_attention.py), so the whole of tests/engine runs with the GPU
 #     visible; every CUDA test then runs, and the rest proves the same code on that machine's torch.
-#  3. GPU against CPU (with step 4, 180 s): the `debug` model in bf16 on the GPU against the same weights in fp32
+#  3. GPU against CPU (with step 4, 160 s): the `debug` model in bf16 on the GPU against the same weights in fp32
 #     on the CPU, the MoE block's grouped-matmul path likewise (relative error < 3e-2), and xtop's NVML sampling.
 #  4. training: a Qwen3-30B-A3B-shaped model cut to GPU_CHECK_LAYERS decoder layers (default 6: 4.4 B
 #     parameters, ~70 GB of fp32 weights, gradients and AdamW state), trained by xtrain on one GPU (FSDP2 over a
 #     one-rank mesh, bf16 compute, chunked loss, fused AdamW) on packs of 8,192 and 32,768 tokens (documents of
 #     mean length 2,048); per pack size: tokens/s (median of the timed steps), MFU, peak allocated memory, the
 #     attention backend and the grouped-matmul implementation used.
+#  5. expert parallelism (240 s, only with more than one GPU): tools/bench/ep_overlap.py.
+#  6. long packs (140 s): the step-4 model with memory.checkpointing none / full / full + offload, packs doubling
+#     from 16k tokens: the longest that trains per mode, and the step time of offload against full.
 # Ends with one JSON line of everything; exits non-zero when a test or check failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -86,11 +89,11 @@ $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cu
 torch.cuda.get_device_name() if torch.cuda.is_available() else None)"
 
 echo "== 2. tests (${TEST_ARGS[*]}) with CUDA visible"
-timeout $((DRY_RUN ? 900 : 200)) $PY -m pytest -q -p no:cacheprovider -rs --junitxml "$WORK/tests.xml" "${TEST_ARGS[@]}" 2>&1 |
+timeout $((DRY_RUN ? 900 : 170)) $PY -m pytest -q -p no:cacheprovider -rs --junitxml "$WORK/tests.xml" "${TEST_ARGS[@]}" 2>&1 |
     tail -n 40 || status=1
 
 echo "== 3-4. GPU against CPU, then training throughput"
-timeout $((DRY_RUN ? 900 : 180)) $PY - "$WORK" "$DRY_RUN" <<'PY' || status=1
+timeout $((DRY_RUN ? 900 : 160)) $PY - "$WORK" "$DRY_RUN" <<'PY' || status=1
 """Steps 3 and 4 of tools/gpu_check.sh; writes WORK/figures.json."""
 
 import json
@@ -291,6 +294,99 @@ else
     echo '{"skipped": "needs more than one GPU", "gpus": '"${GPUS:-0}"'}' >"$WORK/ep_overlap.json"
 fi
 
+echo "== 6. long packs: the longest pack that trains per memory mode, and offload's step-time cost"
+# The step-4 model (Qwen3-30B-A3B-shaped, GPU_CHECK_LAYERS layers) with memory.checkpointing none / full /
+# full + offload; pack lengths doubling from 16k until one runs out of memory (or a step takes > 30 s).
+timeout $((DRY_RUN ? 900 : 140)) $PY - "$WORK" "$DRY_RUN" <<'PY' || status=1
+"""Step 6 of tools/gpu_check.sh; writes WORK/long_packs.json."""
+
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+work, dry_run = Path(sys.argv[1]), sys.argv[2] == "1"
+device = torch.device("cpu" if dry_run else "cuda")
+dtype = torch.float32 if dry_run else torch.bfloat16
+
+from xtrain.config import OptimSection
+from xtrain.loss import auto_chunk_tokens
+from xtrain.model.documents import PackedDocuments
+from xtrain.model.sizes import model_config
+from xtrain.model.transformer import Transformer
+from xtrain.parallel.checkpointing import apply_activation_checkpointing
+from xtrain.parallel.distributed import close_distributed, init_distributed
+from xtrain.parallel.fsdp import apply_fsdp
+from xtrain.parallel.materialize import materialize
+from xtrain.parallel.mesh import data_parallel_mesh
+from xtrain.parallel.offload import apply_activation_offload
+from xtrain.train.optimizer import build_optimizer
+from xtrain.train.step import GlobalBatch, LossSettings, MicroBatch, train_step
+
+if dry_run:
+    config, lengths_to_try, limit_s = model_config("debug"), [256, 512], 600.0
+else:
+    layers = int(os.environ.get("GPU_CHECK_LAYERS", "6"))
+    config = model_config("qwen3-30b-a3b").model_copy(update={"num_layers": layers})
+    lengths_to_try, limit_s = [16384 * 2**k for k in range(6)], 30.0
+init_distributed(device.type)
+results: dict[str, Any] = {"model": "debug" if dry_run else f"qwen3-30b-a3b shape, {config.num_layers} layers"}
+for mode in ("none", "full", "full+offload"):
+    with torch.device("meta"):
+        model = Transformer(config)
+    if mode != "none":
+        apply_activation_checkpointing(model, "full")
+    if mode == "full+offload":
+        apply_activation_offload(model, device)
+    apply_fsdp(model, data_parallel_mesh(device.type, 1, 1), param_dtype=dtype)
+    materialize(model, device, seed=0)
+    optimizer = build_optimizer(model, OptimSection(lr=1e-4), device)
+    settings = LossSettings(auto_chunk_tokens(config.vocab_size, dtype, device=device), 0.001, 0.0, 1.0)
+    trained: dict[str, float] = {}
+    for tokens in lengths_to_try:
+        documents = PackedDocuments.from_lengths([2048] * (tokens // 2048) or [tokens], device)
+        batch = MicroBatch(
+            input_ids=torch.randint(0, config.vocab_size, (1, tokens), device=device),
+            labels=torch.randint(0, config.vocab_size, (tokens,), device=device),
+            documents=documents,
+        )
+        try:
+            started = time.perf_counter()
+            train_step(model, optimizer, [batch], GlobalBatch(tokens, tokens), settings, dp_size=1)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            trained[str(tokens)] = round(time.perf_counter() - started, 3)
+        except torch.OutOfMemoryError:
+            break
+        finally:
+            del batch
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        if trained[str(tokens)] > limit_s:
+            break
+    longest = max((int(t) for t in trained), default=0)
+    results[mode] = {"longest_pack_tokens": longest, "step_s": trained}
+    print(mode, results[mode], flush=True)
+    del model, optimizer
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    (work / "long_packs.json").write_text(json.dumps(results))
+common = [t for t in results["full"]["step_s"] if t in results["full+offload"]["step_s"]]
+if common:
+    largest = max(common, key=int)
+    results["offload_time_ratio"] = round(results["full+offload"]["step_s"][largest] / results["full"]["step_s"][largest], 3)
+    results["offload_time_ratio_at_tokens"] = int(largest)
+(work / "long_packs.json").write_text(json.dumps(results))
+close_distributed()
+PY
+
 echo "== summary"
 $PY - "$WORK" "$status" "$SECONDS" <<'PY'
 import json
@@ -313,6 +409,10 @@ try:
     summary["ep_overlap"] = json.loads((work / "ep_overlap.json").read_text())
 except (OSError, ValueError) as error:
     summary["ep_overlap"] = {"error": f"no ep_overlap figures: {error}"}
+try:
+    summary["long_packs"] = json.loads((work / "long_packs.json").read_text())
+except (OSError, ValueError) as error:
+    summary["long_packs"] = {"error": f"no long-pack figures: {error}"}
 if "train" not in figures:
     summary["error"] = "steps 3-4 did not finish (time limit or crash): see the output above"
 tests_ok = summary["tests"].get("failures") == 0 and summary["tests"].get("errors") == 0

@@ -64,7 +64,7 @@ _OFFLOADS = "offloads_activations"
 
 class HostBufferPool:
     """Host tensors reused across steps, by shape and dtype (pinned when the device is a GPU: pinning is slow, so
-    it happens once per buffer, not once per step)."""
+    it happens once per buffer, not once per step; outside PyTorch's allocator on a CPU-only run)."""
 
     def __init__(self, pin: bool) -> None:
         self.pin = pin
@@ -79,7 +79,12 @@ class HostBufferPool:
                 last_use.synchronize()  # a copy back to the device may still read it
             return buffer
         self.allocated += 1
-        return torch.empty(shape, dtype=dtype, device="cpu", pin_memory=self.pin)
+        if self.pin:
+            return torch.empty(shape, dtype=dtype, device="cpu", pin_memory=True)
+        # On a CPU-only run the "device" is host memory too: these buffers come from outside PyTorch's allocator
+        # (a Python bytearray), so what the allocator holds is what the device would hold (the benchmark counts it).
+        nbytes = max(1, torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+        return torch.frombuffer(bytearray(nbytes), dtype=dtype)[: torch.Size(shape).numel()].view(shape)
 
     def give(self, buffer: torch.Tensor, last_use: Any = None) -> None:
         self._free.setdefault((tuple(buffer.shape), buffer.dtype), []).append((buffer, last_use))
