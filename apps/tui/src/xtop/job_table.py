@@ -91,6 +91,7 @@ class JobTable(ScrollView, can_focus=True):
         self.clock = clock or (lambda: datetime.now(UTC))
         self._cursor_id: int | None = None
         self._now = self.clock()
+        self._layouts: dict[int, list[tuple[Column, int]]] = {}
 
     # -- data ---------------------------------------------------------------------------------------------------
     def rows_changed(self) -> None:
@@ -103,7 +104,9 @@ class JobTable(ScrollView, can_focus=True):
                 self.cursor = min(self.cursor, max(0, len(order) - 1))
         self.cursor = min(self.cursor, max(0, len(order) - 1))
         self._cursor_id = order[self.cursor] if order else None
-        self.virtual_size = Size(self.size.width, len(order) + 1)
+        size = Size(self.size.width, len(order) + 1)
+        if size != self.virtual_size:  # a new virtual size lays the screen out again: only when it changed
+            self.virtual_size = size
         self._now = self.clock()
         self.refresh()
 
@@ -153,6 +156,12 @@ class JobTable(ScrollView, can_focus=True):
     # -- drawing ------------------------------------------------------------------------------------------------
     def _layout(self, width: int) -> list[tuple[Column, int]]:
         """Columns that fit; NAME (and RUN DIR, on wide screens) share what the fixed ones leave."""
+        cached = self._layouts.get(width)
+        if cached is None:
+            cached = self._layouts[width] = self._compute_layout(width)
+        return cached
+
+    def _compute_layout(self, width: int) -> list[tuple[Column, int]]:
         shown = [c for c in COLUMNS if width >= c.min_screen]
         flexible = [c for c in shown if not c.width]
         left = max(NAME_MIN, width - sum(c.width for c in shown) - len(shown) + 1)

@@ -292,6 +292,10 @@ class JobTableModel:
 
     def reorder(self) -> None:
         query = self.query
+        if self.sort_key == "id":  # the default: sorting the ids themselves is several times faster
+            ids = self.rows if not query.terms else [i for i, row in self.rows.items() if query.matches(row)]
+            self.order = sorted(ids, reverse=self.descending)
+            return
         shown = self.rows.values() if not query.terms else [row for row in self.rows.values() if query.matches(row)]
         key = SORT_KEYS[self.sort_key]
         self.order = [row.id for row in sorted(shown, key=key, reverse=self.descending)]

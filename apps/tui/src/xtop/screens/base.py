@@ -44,6 +44,15 @@ class ModeBar(Static):
             position += width
 
 
+def show(widget: Static, content: Text) -> None:
+    """Update a Static only when what it shows changed: an update lays the screen out again, which costs more
+    than the rest of a tick on a large terminal."""
+    shown = widget.content
+    if isinstance(shown, Text) and shown.plain == content.plain and shown.spans == content.spans:
+        return
+    widget.update(content)
+
+
 class XtopScreen(Screen[None]):
     mode_name = ""
 

@@ -12,7 +12,7 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Input, Static
 
 from xtop.job_table import JobTable
-from xtop.screens.base import ModeBar, XtopScreen
+from xtop.screens.base import ModeBar, XtopScreen, show
 
 
 class JobsScreen(XtopScreen):
@@ -54,7 +54,7 @@ class JobsScreen(XtopScreen):
             summary.append(f"   filter: {model.query.text}", style="bold cyan")
         if not model.loaded and model.problem is None:
             summary.append("   loading…", style="dim")
-        self.query_one("#jobs-summary", Static).update(summary)
+        show(self.query_one("#jobs-summary", Static), summary)
         status = Text()
         if model.problem:
             status.append(f" {model.problem}", style="bold red")
@@ -64,7 +64,7 @@ class JobsScreen(XtopScreen):
             status.append(f" {warning}", style="yellow")
         if not status.plain and not model.rows and model.loaded:
             status.append(" no jobs in this database yet (clusterx submit -- CMD adds one)", style="dim")
-        self.query_one("#jobs-status", Static).update(status)
+        show(self.query_one("#jobs-status", Static), status)
 
     # -- filter and sort ----------------------------------------------------------------------------------------
     def action_filter(self) -> None:

@@ -16,7 +16,7 @@ from textual.widgets import Footer, Static
 from xtop.chart import LineChart
 from xtop.fmt import bar, duration, gib, number
 from xtop.jobs import state_style
-from xtop.screens.base import ModeBar, XtopScreen
+from xtop.screens.base import ModeBar, XtopScreen, show
 
 if TYPE_CHECKING:
     from xtop.run_source import RunSnapshot  # deeptrace's readers load in the worker, after the first paint
@@ -72,11 +72,11 @@ class RunScreen(XtopScreen):
         if len(self.state.runs) > 1:
             text.append(f"[{self.state.current_run + 1}/{len(self.state.runs)}] ", style="dim")
         text.append(str(target.run_dir), style="bold")
-        title.update(text)
+        show(title, text)
         if snap is None:
             self._clear()
             return
-        self.query_one("#run-stats", Static).update(_stats(snap))
+        show(self.query_one("#run-stats", Static), _stats(snap))
         self.query_one("#chart-loss", LineChart).show(snap.loss)
         self.query_one("#chart-tokens", LineChart).show(snap.tokens_per_s)
         self.query_one("#chart-grad", LineChart).show(snap.grad_norm)
@@ -87,7 +87,7 @@ class RunScreen(XtopScreen):
         for line in snap.notes:
             notes.append(f" {line}\n", style="yellow")
         notes.rstrip()
-        self.query_one("#run-notes", Static).update(notes)
+        show(self.query_one("#run-notes", Static), notes)
 
     def _clear(self) -> None:
         for name in ("#run-stats", "#run-ranks", "#run-notes"):

@@ -14,7 +14,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
 from xtop.fmt import number
-from xtop.screens.base import ModeBar, XtopScreen
+from xtop.screens.base import ModeBar, XtopScreen, show
 
 if TYPE_CHECKING:
     from deeptrace.report.model import Report  # loaded by the worker, after the first paint
@@ -51,7 +51,7 @@ class TraceScreen(XtopScreen):
         target = self.state.run
         title = self.query_one("#trace-title", Static)
         body = self.query_one("#trace-report", Static)
-        self.query_one("#trace-progress", Static).update(self._progress())
+        show(self.query_one("#trace-progress", Static), self._progress())
         if target is None:
             title.update(Text(" no run selected: pick a job (1, Enter) or start xtop RUN_DIR", style="dim"))
             body.update("")
