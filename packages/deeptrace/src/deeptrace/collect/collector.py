@@ -34,6 +34,7 @@ from deeptrace.collect.contexts import (
     RawSpan,
     SpanContext,
     ThreadState,
+    open_depth,
     unknown_category,
 )
 from deeptrace.collect.heartbeat import GroupMarks, HeartbeatWriter, LiveHeartbeat
@@ -109,7 +110,8 @@ class Collector:
         self._groups = self._live.groups  # per group: next sequence number, last left (shared with the heartbeat)
         # Per-thread state lives in a threading.local: it dies with its thread, while thread idents get reused.
         self._local = threading.local()
-        self._local.state = self._main_state = ThreadState("main", self._live.open_spans)
+        self._local.state = self._main_state = ThreadState("main", self._buffer, self._buffer_limit)
+        self._live.main_thread = self._main_state
         # The hot path finds the creating thread by its ident (cheaper than the threading.local, and in a step it
         # touches less memory). An ident is reused after its thread ends, so the end of the creating thread (its
         # thread-local data dies with it) turns that shortcut off.
@@ -210,7 +212,7 @@ class Collector:
             raise unknown_category(category)
         if track is None:
             thread = self._main_state if get_ident() == self._main_ident else self._thread()
-            depth = len(thread.stack)
+            depth = open_depth(thread.top)
             track = thread.base if depth == 0 else f"{thread.base}/{depth}"
         self._append(
             (name, category, start_ns, end_ns, track, self._step if step is None else step, layer, nbytes, group, seq)
@@ -260,7 +262,7 @@ class Collector:
         try:
             thread: ThreadState = self._local.state
         except AttributeError:
-            thread = self._local.state = ThreadState(threading.current_thread().name, [])
+            thread = self._local.state = ThreadState(threading.current_thread().name, self._buffer, self._buffer_limit)
         return thread
 
     # ---- writing ----------------------------------------------------------------------------------------------

@@ -39,13 +39,20 @@ def reused(name: str) -> RuntimeError:
 
 
 class ThreadState:
-    """Per thread: its name as a track and its stack of open spans (nesting depth, heartbeat)."""
+    """Per thread: its name as a track, its innermost open span, and the collector's buffer and its limit.
 
-    __slots__ = ("base", "stack")
+    The open spans form a chain through each context's `parent` (no list: a push or pop would be a method call and
+    two more objects to fetch after the training code's work has evicted them). The buffer is kept here too, so
+    that leaving a span touches the context and this object only, not the collector.
+    """
 
-    def __init__(self, base: str, stack: list[Any]) -> None:
+    __slots__ = ("base", "buffer", "limit", "top")
+
+    def __init__(self, base: str, buffer: list[Any], limit: int) -> None:
         self.base = base
-        self.stack = stack
+        self.top: Any = None  # the innermost open span (SpanContext | CollectiveContext), None outside any
+        self.buffer = buffer
+        self.limit = limit
 
 
 class SpanContext:
@@ -54,19 +61,17 @@ class SpanContext:
     __slots__ = (
         "category",
         "collector",
-        "depth",
         "end_ns",
-        "lane",
         "layer",
         "name",
         "nbytes",
+        "parent",
         "start_ns",
         "step",
         "thread",
     )
 
     # Made by Collector.span (object.__new__ and a few stores: a Python __init__ frame costs a noticeable share).
-    lane: int  # set only by begin()
     # One context records one span: start_ns is 0 until it is entered, and a second entry is refused.
     collector: Collector
     name: str
@@ -76,7 +81,9 @@ class SpanContext:
     nbytes: int | None
     start_ns: int
     end_ns: int
-    depth: int
+    # The span that was innermost when this one was entered (its depth is the length of that chain, counted by the
+    # writer thread), or for a begun one the number of its lane.
+    parent: SpanContext | CollectiveContext | int | None
     thread: ThreadState
 
     def __enter__(self) -> SpanContext:
@@ -85,23 +92,21 @@ class SpanContext:
         collector = self.collector
         thread = collector._main_state if get_ident() == collector._main_ident else collector._thread()
         self.thread = thread
-        stack = thread.stack
-        self.depth = len(stack)
-        self.start_ns = monotonic_ns()  # before the push: the heartbeat thread reads the stack's spans
-        stack.append(self)
+        self.parent = thread.top
+        self.start_ns = monotonic_ns()  # before it becomes the top: the heartbeat thread reads its start
+        thread.top = self
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:  # no *args: a tuple per call
         self.end_ns = monotonic_ns()
-        stack = self.thread.stack
-        if stack and stack[-1] is self:  # else begun with begin(): never on the stack
-            stack.pop()
-        collector = self.collector
+        thread = self.thread
+        if thread.top is self:  # else begun with begin(): never the top
+            thread.top = self.parent
         # No heartbeat store: the heartbeat finds this span's end as the newest item of the buffer.
-        buffer = collector._buffer
+        buffer = thread.buffer
         buffer.append(self)
-        if len(buffer) >= collector._buffer_limit:
-            collector.flush()
+        if len(buffer) >= thread.limit:
+            self.collector.flush()
 
     def begin(self) -> SpanContext:
         """Start where a `with` block does not fit (a hook that starts what another hook ends); `end()` ends it.
@@ -124,13 +129,12 @@ class CollectiveContext:
 
     __slots__ = (
         "collector",
-        "depth",
         "end_ns",
         "group",
-        "lane",
         "marks",
         "name",
         "nbytes",
+        "parent",
         "seq",
         "start_ns",
         "step",
@@ -139,7 +143,6 @@ class CollectiveContext:
 
     category = Category.COMM
     # Made by Collector.collective, like SpanContext.
-    lane: int  # set only by begin()
     collector: Collector
     name: str
     group: str
@@ -149,7 +152,7 @@ class CollectiveContext:
     nbytes: int | None
     start_ns: int
     end_ns: int
-    depth: int
+    parent: SpanContext | CollectiveContext | int | None  # as SpanContext.parent
     thread: ThreadState
 
     def __enter__(self) -> CollectiveContext:
@@ -167,26 +170,23 @@ class CollectiveContext:
         marks.next_seq = seq + 1
         thread = collector._main_state if get_ident() == collector._main_ident else collector._thread()
         self.thread = thread
-        stack = thread.stack
-        self.depth = len(stack)
+        self.parent = thread.top
         self.start_ns = monotonic_ns()
-        stack.append(self)
-        # The heartbeat reads name, group, seq and start from the object: one store, no tuple.
-        collector._live.entered = self
+        thread.top = self
+        # The heartbeat reads name, group, seq and start from the object: one store, on the marks just touched.
+        marks.entered = self
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self.end_ns = monotonic_ns()
-        stack = self.thread.stack
-        if stack and stack[-1] is self:  # else begun with begin(): never on the stack
-            stack.pop()
-        self.marks.left = self.seq
-        collector = self.collector
-        collector._live.left = self  # after end_ns: the heartbeat reads it
-        buffer = collector._buffer
+        thread = self.thread
+        if thread.top is self:  # else begun with begin(): never the top
+            thread.top = self.parent
+        self.marks.left = self  # after end_ns: the heartbeat reads it
+        buffer = thread.buffer
         buffer.append(self)
-        if len(buffer) >= collector._buffer_limit:
-            collector.flush()
+        if len(buffer) >= thread.limit:
+            self.collector.flush()
 
     def begin(self) -> CollectiveContext:
         """Enter where a `with` block does not fit (an asynchronous collective issued here, waited for elsewhere);
@@ -202,27 +202,46 @@ class CollectiveContext:
 
 
 def _take_lane(context: SpanContext | CollectiveContext) -> None:
-    """Move a just-entered context off its thread's stack onto the first free lane of that thread."""
-    stack = context.thread.stack
-    if stack and stack[-1] is context:
-        stack.pop()
-    lanes = context.collector._lanes.setdefault(context.thread.base, [])
+    """Take a just-entered context out of its thread's chain of open spans onto the first free lane of that thread."""
+    thread = context.thread
+    if thread.top is context:
+        thread.top = context.parent
+    lanes = context.collector._lanes.setdefault(thread.base, [])
     free = next((index for index, busy in enumerate(lanes) if not busy), len(lanes))
     if free == len(lanes):
         lanes.append(True)
     else:
         lanes[free] = True
-    context.lane = free
-    context.depth = -1 - free  # marks the context as begun for track_of, without a lookup on every span
+    context.parent = free  # an int parent marks the context as begun, and says its lane
 
 
 def _free_lane(context: SpanContext | CollectiveContext) -> None:
-    context.collector._lanes[context.thread.base][context.lane] = False
+    lane = context.parent
+    if not isinstance(lane, int):
+        raise RuntimeError(f"end() of {context.name!r}, which was not started with begin()")
+    context.collector._lanes[context.thread.base][lane] = False
 
 
-def track_of(context: SpanContext | CollectiveContext) -> tuple[str, int] | str:
-    """The track a finished context goes on: (thread, depth) for nested ones, a lane track for begun ones."""
-    depth = context.depth
-    if depth >= 0:
-        return context.thread.base, depth
-    return f"{context.thread.base}/async-{-1 - depth}"
+def open_depth(top: SpanContext | CollectiveContext | int | None) -> int:
+    """How many spans are open in a chain whose innermost is `top` (the depth a span entered now gets)."""
+    depth = 0
+    while top is not None and not isinstance(top, int):
+        depth += 1
+        top = top.parent
+    return depth
+
+
+def track_key(context: SpanContext | CollectiveContext) -> tuple[str, int]:
+    """(thread, depth) of a finished context, with depth -1 - lane for a begun one: what names its track."""
+    parent = context.parent
+    if type(parent) is int:
+        return context.thread.base, -1 - parent
+    return context.thread.base, open_depth(parent)
+
+
+def track_name(key: tuple[str, int]) -> str:
+    """The track of a track_key: `<thread>`, `<thread>/<depth>` for nested ones, `<thread>/async-<k>` for lanes."""
+    base, depth = key
+    if depth < 0:
+        return f"{base}/async-{-1 - depth}"
+    return base if depth == 0 else f"{base}/{depth}"

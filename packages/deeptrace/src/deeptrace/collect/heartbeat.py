@@ -48,14 +48,26 @@ class CollectiveEvent(Protocol):
 
 
 class GroupMarks:
-    """One process group's place: the next sequence number to enter (so the last entered is one less) and the
-    last one left. The collector's own counter, so that entering a collective stores the mark at no extra cost."""
+    """One process group's place: the next sequence number to enter (so the last entered is one less), and the
+    collectives last entered and last left (the context objects: one store each on the hot path). The collector's
+    own counter, so that entering a collective stores the mark at no extra cost."""
 
-    __slots__ = ("left", "next_seq")
+    __slots__ = ("entered", "left", "next_seq")
 
     def __init__(self) -> None:
         self.next_seq = 0
-        self.left: int | None = None
+        self.entered: CollectiveEvent | None = None
+        self.left: CollectiveEvent | None = None
+
+    def left_seq(self) -> int | None:
+        left = self.left
+        return None if left is None else left.seq
+
+
+class OpenChain(Protocol):
+    """The training thread's state (the collector's ThreadState): its innermost open span, None outside any."""
+
+    top: Any
 
 
 @dataclass(slots=True)
@@ -70,11 +82,9 @@ class LiveHeartbeat:
     last_event_ns: int = 0
     step: int | None = None
     step_done: int | None = None
-    # The collective last entered and the one last left (the objects themselves: one store per event).
-    entered: CollectiveEvent | None = None
-    left: CollectiveEvent | None = None
-    groups: dict[str, GroupMarks] = field(default_factory=dict)  # the collector's per-group sequence numbers
-    open_spans: list[OpenSpan] = field(default_factory=list)  # the training thread's stack of open spans
+    # The collector's per-group sequence numbers, with each group's collectives last entered and left.
+    groups: dict[str, GroupMarks] = field(default_factory=dict)
+    main_thread: OpenChain | None = None  # the training thread's chain of open spans
     # The collector's buffer (the same list): a span's end is progress, found there rather than stored per span.
     records: list[Any] = field(default_factory=list)
     error: str | None = None
@@ -82,18 +92,31 @@ class LiveHeartbeat:
     thread_id: int | None = None  # threading.get_ident() of the training thread
     stack_signal: int | None = None  # the signal of the in-process stack dump, when installed
 
+    def innermost_open(self) -> OpenSpan | None:
+        return None if self.main_thread is None else self.main_thread.top
+
+    def entered(self) -> CollectiveEvent | None:
+        """The collective entered last, of any group (each group keeps its own)."""
+        marks = [m.entered for m in list(self.groups.values()) if m.entered is not None]
+        return max(marks, key=lambda event: event.start_ns, default=None)
+
+    def left(self) -> CollectiveEvent | None:
+        """The collective left last, of any group."""
+        marks = [m.left for m in list(self.groups.values()) if m.left is not None]
+        return max(marks, key=lambda event: event.end_ns, default=None)
+
     def latest_progress_ns(self) -> int:
         """The latest event: a step boundary (stored as it happens), the last collective's entry or exit, the
-        innermost open span's start, or the end of the newest span in the buffer. The stack and the buffer belong
-        to other threads and may change under our feet, hence the suppressed IndexError."""
+        innermost open span's start, or the end of the newest span in the buffer. The buffer belongs to other
+        threads and may change under our feet, hence the suppressed IndexError."""
         latest = self.last_event_ns
-        entered, left = self.entered, self.left
+        entered, left, innermost = self.entered(), self.left(), self.innermost_open()
         if entered is not None:
             latest = max(latest, entered.start_ns)
         if left is not None:
             latest = max(latest, left.end_ns)
-        with contextlib.suppress(IndexError):
-            latest = max(latest, self.open_spans[-1].start_ns)
+        if innermost is not None:
+            latest = max(latest, innermost.start_ns)
         with contextlib.suppress(IndexError):
             latest = max(latest, _context_end(self.records[-1]))
         return latest
@@ -115,9 +138,9 @@ class LiveHeartbeat:
                 return None
             return CollectiveMark(name=event.name, group=event.group, seq=event.seq, wall_s=wall_s(at_ns))
 
-        innermost = self.open_spans[-1] if self.open_spans else None
+        innermost = self.innermost_open()
         phase = self.phases[-1] if self.phases else None
-        entered, left = self.entered, self.left
+        entered, left = self.entered(), self.left()
         last_event_ns = self.latest_progress_ns()
         return Heartbeat(
             rank=self.rank,
@@ -134,7 +157,7 @@ class LiveHeartbeat:
             else SpanMark(innermost.name, str(innermost.category), innermost.step, wall_s(innermost.start_ns)),
             collective_entered=None if entered is None else mark(entered, entered.start_ns),
             collective_left=None if left is None else mark(left, left.end_ns),
-            groups={group: (marks.next_seq - 1, marks.left) for group, marks in list(self.groups.items())},
+            groups={group: (marks.next_seq - 1, marks.left_seq()) for group, marks in list(self.groups.items())},
             error=self.error,
             format_version=layout.FORMAT_VERSION,
             phase=None if phase is None else PhaseMark(phase.name, wall_s(phase.start_ns)),

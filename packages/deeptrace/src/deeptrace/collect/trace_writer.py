@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import cast
 
 from deeptrace.collect import trace_format as fmt
-from deeptrace.collect.contexts import CollectiveContext, RawSpan, SpanContext, track_of
+from deeptrace.collect.contexts import CollectiveContext, RawSpan, SpanContext, track_key, track_name
 
 BufferItem = SpanContext | CollectiveContext | RawSpan
 
@@ -27,7 +27,7 @@ class SpanEncoder:
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
         self._new: list[tuple[int, str]] = []
-        self._track_ids: dict[tuple[str, int], int] = {}
+        self._track_ids: dict[tuple[str, int], int] = {}  # per (thread, depth or -1 - lane)
 
     def _intern(self, text: str) -> int:
         string_id = self._ids.get(text)
@@ -38,17 +38,21 @@ class SpanEncoder:
 
     def _track_id(self, context: SpanContext | CollectiveContext) -> int:
         """String id of the track of a context the collector timed (cached per thread and depth or lane)."""
-        key = (context.thread.base, context.depth)
+        key = track_key(context)
         track_id = self._track_ids.get(key)
         if track_id is None:
-            where = track_of(context)
-            name = where if isinstance(where, str) else (where[0] if where[1] == 0 else f"{where[0]}/{where[1]}")
-            track_id = self._track_ids[key] = self._intern(name)
+            track_id = self._track_ids[key] = self._intern(track_name(key))
         return track_id
 
     def encode(self, items: list[BufferItem]) -> bytes:
         # The writer thread's loop: locals, inlined dict lookups and type identity, as it runs once per span.
-        pack, codes, intern, ids = fmt.SPAN.pack, fmt.CATEGORY_CODES, self._intern, self._ids
+        pack, codes, intern, ids, track_id_of = (
+            fmt.SPAN.pack,
+            fmt.CATEGORY_CODES,
+            self._intern,
+            self._ids,
+            self._track_id,
+        )
         tag, none32, none64, no_string = fmt.TAG_SPAN, fmt.NONE_I32, fmt.NONE_I64, fmt.NO_STRING
         records = []
         for item in items:
@@ -56,15 +60,11 @@ class SpanEncoder:
                 if type(item) is SpanContext:
                     name, category, start, end = item.name, item.category, item.start_ns, item.end_ns
                     step, layer, nbytes, group_id, seq = item.step, item.layer, item.nbytes, no_string, None
-                    track_id = self._track_ids.get((item.thread.base, item.depth))
-                    if track_id is None:
-                        track_id = self._track_id(item)
+                    track_id = track_id_of(item)
                 elif type(item) is CollectiveContext:
                     name, category, start, end = item.name, item.category, item.start_ns, item.end_ns
                     step, layer, nbytes, group_id, seq = item.step, None, item.nbytes, intern(item.group), item.seq
-                    track_id = self._track_ids.get((item.thread.base, item.depth))
-                    if track_id is None:
-                        track_id = self._track_id(item)
+                    track_id = track_id_of(item)
                 else:
                     raw = cast(RawSpan, item)  # what remains: spans timed elsewhere (record, step windows)
                     name, category, start, end, track, step, layer, nbytes, group, seq = raw
