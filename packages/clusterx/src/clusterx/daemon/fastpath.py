@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clusterx.daemon.control import daemon_pid
 from clusterx.paths import lock_path
 
 UNIX_PATH_MAX = 100  # sun_path holds 108 bytes on Linux; keep a margin
@@ -54,27 +53,43 @@ class Unreachable:
 def request_daemon(url: str, request: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any] | Unreachable:
     """The daemon's answer to one request ({"ok": ..., ...}), or why it could not be asked."""
     path = socket_path(url)
-    deadline = time.monotonic() + STARTING_WAIT_S
-    while not path.exists():
-        pid = daemon_pid(url)
+    answer = _ask(path, request, timeout_s) if path.exists() else Unreachable("gone")
+    if not isinstance(answer, Unreachable):
+        return answer
+    # The slow paths only: `control` imports subprocess, a cost the quick way does not pay.
+    from clusterx.daemon.control import daemon_pid  # noqa: PLC0415
+
+    if answer.reason == "gone":
+        deadline = time.monotonic() + STARTING_WAIT_S
+        while (pid := daemon_pid(url)) == -1 and not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)  # the daemon holds its lock and sets up; it listens before it writes its pid
         if pid is None:
             return Unreachable("no daemon runs")
-        if pid > 0 or time.monotonic() > deadline:
-            # A daemon that wrote its pid listens already: its socket was removed under it.
-            return Unreachable(f"its socket {path} is missing", pid)
-        time.sleep(0.02)  # pid -1: the daemon holds its lock and is setting up; it listens before writing its pid
+        if path.exists():
+            answer = _ask(path, request, timeout_s)
+            if not isinstance(answer, Unreachable):
+                return answer
+    # A daemon that wrote its pid listens already: a missing socket was removed under it.
+    reason = f"its socket {path} is missing" if answer.reason == "gone" else answer.reason
+    return Unreachable(reason, daemon_pid(url))
+
+
+def _ask(path: Path, request: dict[str, Any], timeout_s: float) -> dict[str, Any] | Unreachable:
+    """One round trip; Unreachable("gone") when the socket vanished before the connect (a daemon that exited)."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout_s)
             sock.connect(str(path))
             sock.sendall(json.dumps(request).encode() + b"\n")
             reply = read_line(sock)
+    except FileNotFoundError:
+        return Unreachable("gone")
     except TimeoutError:
-        return Unreachable(f"it did not answer on {path} within {timeout_s:g} s", daemon_pid(url))
+        return Unreachable(f"it did not answer on {path} within {timeout_s:g} s")
     except OSError as exc:  # refused (a stale socket of a daemon that died), reset, permission denied
-        return Unreachable(f"{path}: {exc.strerror or exc}", daemon_pid(url))
+        return Unreachable(f"{path}: {exc.strerror or exc}")
     if not reply:
-        return Unreachable(f"it closed {path} without an answer", daemon_pid(url))
+        return Unreachable(f"it closed {path} without an answer")
     answer: dict[str, Any] = json.loads(reply)
     return answer
 

@@ -75,35 +75,37 @@ def choose_jobs(
     at least one). A job larger than `total` (the whole machine) can never start here: it is passed over and
     reserves nothing."""
     chosen: list[QueuedJob] = []
-    # Plain integers in the loop: on a 10,000-job queue a Capacity per job would cost more than the pass itself.
+    # Plain integers and one unpacking per job: on a 10,000-job queue, objects or calls per job would cost more
+    # than the pass itself.
     cpus, mem, gpus = free.cpus, free.mem_mib, free.gpus
     reservation: Reservation | None = None
+    start = NEVER  # the reservation's time, once there is one
     spare_cpus = spare_mem = spare_gpus = 0
     for job in queued:
         if cpus <= 0:
             break
-        if job.cpus > cpus or job.mem_mib > mem or job.gpus > gpus:
-            never_fits = total is not None and (
-                job.cpus > total.cpus or job.mem_mib > total.mem_mib or job.gpus > total.gpus
-            )
-            if reservation is None and not never_fits:
+        _, _, job_cpus, job_gpus, job_mem, limit = job
+        if job_cpus > cpus or job_mem > mem or job_gpus > gpus:
+            if reservation is None and not (
+                total is not None and (job_cpus > total.cpus or job_mem > total.mem_mib or job_gpus > total.gpus)
+            ):
                 # The head: planned against what runs now plus what this pass has started already.
                 started = [RunningJob(_ends(j, now), j.cpus, j.mem_mib, j.gpus) for j in chosen]
                 reservation = reserve(job, Capacity(cpus, mem, gpus), [*running, *started], now)
+                start = reservation.start
                 spare_cpus, spare_mem, spare_gpus = (
                     reservation.spare.cpus,
                     reservation.spare.mem_mib,
                     reservation.spare.gpus,
                 )
             continue
-        ends = _ends(job, now)
-        if reservation is not None and (ends == NEVER or ends > reservation.start):
-            # It would still run at the head's start: only the head's spare resources may hold it.
-            if job.cpus > spare_cpus or job.mem_mib > spare_mem or job.gpus > spare_gpus:
+        # Behind the head, a job still running at the head's start (or for ever) may hold only its spare share.
+        if reservation is not None and (not limit or now + limit > start):
+            if job_cpus > spare_cpus or job_mem > spare_mem or job_gpus > spare_gpus:
                 continue
-            spare_cpus, spare_mem, spare_gpus = spare_cpus - job.cpus, spare_mem - job.mem_mib, spare_gpus - job.gpus
+            spare_cpus, spare_mem, spare_gpus = spare_cpus - job_cpus, spare_mem - job_mem, spare_gpus - job_gpus
         chosen.append(job)
-        cpus, mem, gpus = cpus - job.cpus, mem - job.mem_mib, gpus - job.gpus
+        cpus, mem, gpus = cpus - job_cpus, mem - job_mem, gpus - job_gpus
     return chosen, reservation
 
 
