@@ -12,6 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 from clusterx import Client
+from clusterx.spec import JobSpec
 from deeptrace.rundir import RunWriter, layout
 from rich.console import Console
 from textual.pilot import Pilot
@@ -236,3 +237,31 @@ print(loaded)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+async def test_the_table_scrolls_to_its_last_row_as_it_grows(tmp_path: Path) -> None:
+    db, fake = str(tmp_path / "jobs.db"), tmp_path / "fake"
+    client = Client(db)
+    specs = [{"name": f"job-{i}", "command": ["true"], "backend": "fake", "backend_options": {"state_dir": str(fake)}}
+             for i in range(40)]  # fmt: skip
+    for spec in specs[:30]:
+        client.submit(JobSpec.model_validate(spec))
+    app = XtopApp(db=db, refresh_s=0.3, sampler=no_gpu_resources)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: len(app.state.jobs.order) == 30, "30 jobs")
+        table = app.screen.query_one(JobTable)
+        await pilot.press("end")
+        assert table.cursor == 29
+        visible = [table.render_line(y).text for y in range(1, table.size.height)]
+        assert any(line.split()[:2] == ["1", "job-0"] for line in visible), visible
+        for spec in specs[30:]:  # more jobs than before: the scrollable area grows while the scrollbar shows
+            client.submit(JobSpec.model_validate(spec))
+        await until(pilot, lambda: len(app.state.jobs.order) == 40, "40 jobs")
+        assert table.virtual_size.height == 41
+        await pilot.press("end")
+        assert table.cursor == 39 and table.selected is not None and table.selected.name == "job-0"
+        assert table.render_line(table.size.height - 1).text.split()[:2] == ["1", "job-0"]
+        await pilot.press("home")
+        assert table.selected is not None and table.selected.name == "job-39"
+        assert int(table.scroll_offset.y) == 0
+    client.close()

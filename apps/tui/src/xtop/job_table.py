@@ -104,11 +104,15 @@ class JobTable(ScrollView, can_focus=True):
                 self.cursor = min(self.cursor, max(0, len(order) - 1))
         self.cursor = min(self.cursor, max(0, len(order) - 1))
         self._cursor_id = order[self.cursor] if order else None
-        size = Size(self.size.width, len(order) + 1)
-        if size != self.virtual_size:  # a new virtual size lays the screen out again: only when it changed
-            self.virtual_size = size
+        self._set_rows(len(order) + 1)
         self._now = self.clock()
         self.refresh()
+
+    def _set_rows(self, rows: int) -> None:
+        """Resize the scrollable area, only when it changed: a new virtual size lays the screen out again."""
+        size = Size(self.size.width, rows)
+        if size != self.virtual_size:
+            self.virtual_size = size
 
     @property
     def selected(self) -> JobRow | None:
@@ -120,13 +124,19 @@ class JobTable(ScrollView, can_focus=True):
     def watch_cursor(self, old: int, new: int) -> None:
         order = self.model.order
         self._cursor_id = order[new] if 0 <= new < len(order) else None
+        self._scroll_to_cursor()
+        # The table may just have grown and its new size not be laid out yet (scrolling would stop at the old
+        # end): look again once it is.
+        self.call_after_refresh(self._scroll_to_cursor)
+        self.refresh()
+
+    def _scroll_to_cursor(self) -> None:
         visible = max(1, self.size.height - 1)
         top = int(self.scroll_offset.y)
-        if new < top:
-            self.scroll_to(y=new, animate=False)
-        elif new >= top + visible:
-            self.scroll_to(y=new - visible + 1, animate=False)
-        self.refresh()
+        if self.cursor < top:
+            self.scroll_to(y=self.cursor, animate=False)
+        elif self.cursor >= top + visible:
+            self.scroll_to(y=self.cursor - visible + 1, animate=False)
 
     def _move_to(self, index: int) -> None:
         count = len(self.model.order)
