@@ -192,20 +192,22 @@ class ActivationOffloader:
 
     def _offload(self, layer: int, tensor: torch.Tensor) -> _Checkpoint:
         run = self._pass
+        host = self.pool.take(tensor.shape, tensor.dtype)
+        if self._stream is None:  # CPU: the copy is synchronous, done before the device tensor is let go
+            host.copy_(tensor.detach())
+            self.offloaded_bytes += tensor.numel() * tensor.element_size()
+            self._log_once("offload", layer)
+            return _Checkpoint(layer, host=host, device_copy=None)
         if layer not in run.in_flight:
             while len(run.in_flight) >= self.resident_layers - 1:  # room for this layer's copy
                 self._finish_offload(run.in_flight.pop(0))
             run.in_flight.append(layer)
-        host = self.pool.take(tensor.shape, tensor.dtype)
         entry = _Checkpoint(layer, host=host, device_copy=tensor)
-        if self._stream is not None:
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))  # the tensor has been computed
-            with torch.cuda.stream(self._stream):
-                host.copy_(tensor.detach(), non_blocking=True)
-                entry.ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                entry.ready.record(self._stream)
-        else:
-            host.copy_(tensor.detach())
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))  # the tensor has been computed
+        with torch.cuda.stream(self._stream):
+            host.copy_(tensor.detach(), non_blocking=True)
+            entry.ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            entry.ready.record(self._stream)
         self.offloaded_bytes += tensor.numel() * tensor.element_size()
         self._log_once("offload", layer)
         return entry
