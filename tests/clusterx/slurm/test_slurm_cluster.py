@@ -22,7 +22,6 @@ from clusterx.spec import JobSpec, env_from_shell
 from clusterx.states import JobState
 
 from tests.clusterx.slurm.conftest import SlurmCluster, free_port, wait_for_status
-from tests.conftest import REPO_ROOT
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
@@ -164,43 +163,6 @@ def test_cancel_is_idempotent(slurm_cluster: SlurmCluster, tmp_path: Path) -> No
     assert status.exit_code is None  # Slurm's 0:0 for a cancelled job is not an exit status
     backend.cancel(job_id)  # already finished: not an error
     backend.cancel("987654321")  # never existed: not an error
-
-
-def test_torchrun_two_processes_on_slurm(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    torchrun = REPO_ROOT / ".venv" / "bin" / "torchrun"
-    script = tmp_path / "allreduce.py"
-    script.write_text(
-        "import os, socket\n"
-        "import torch\n"
-        "import torch.distributed as dist\n"
-        "dist.init_process_group('gloo')\n"
-        "value = torch.tensor([float(dist.get_rank() + 1)])\n"
-        "dist.all_reduce(value)\n"
-        "out = os.path.join(os.environ['CLUSTERX_RUN_DIR'], f'rank-{dist.get_rank()}.txt')\n"
-        "with open(out, 'w') as f:\n"
-        "    run_id = os.environ['TORCHELASTIC_RUN_ID']\n"
-        "    f.write(f'{dist.get_world_size()} {value.item()} {socket.gethostname()} {run_id}')\n"
-        "dist.destroy_process_group()\n"
-    )
-    request = request_for(
-        tmp_path,
-        [str(torchrun), "--nproc-per-node", "2", str(script)],
-        procs_per_node=2,
-        cpus_per_node=2,
-        mem_per_node="2G",
-    )
-    backend = slurm_cluster.backend()
-    job_id = backend.submit(request)
-    status = wait_for_status(backend, job_id, is_terminal, timeout=180)
-    logs = backend.log_paths(request)
-    assert status.state is JobState.SUCCEEDED, logs["stderr"].read_text()[-3000:]
-    assert status.hosts == (slurm_cluster.node,)
-    assert status.rank_to_host == {0: slurm_cluster.node, 1: slurm_cluster.node}
-    run_dir = Path(JobSpec.model_validate_json(request.spec_json).run_dir or "")
-    for rank in (0, 1):
-        world, total, _host, run_id = (run_dir / f"rank-{rank}.txt").read_text().split()
-        # The sum over ranks of rank+1, and the rendezvous id the script gave torchrun (c10d, from SLURM_*).
-        assert (world, float(total), run_id) == ("2", 3.0, f"clusterx-{job_id}")
 
 
 def test_many_jobs_are_polled_with_a_fixed_number_of_commands(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:

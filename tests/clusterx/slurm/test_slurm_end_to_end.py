@@ -31,7 +31,8 @@ dist.init_process_group("gloo")
 value = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(value)
 with open(os.path.join(os.environ["CLUSTERX_RUN_DIR"], f"rank-{dist.get_rank()}.txt"), "w") as f:
-    f.write(f"{dist.get_world_size()} {value.item()} {os.environ['SLURMD_NODENAME']}")
+    env = os.environ
+    f.write(f"{dist.get_world_size()} {value.item()} {env['SLURMD_NODENAME']} {env['TORCHELASTIC_RUN_ID']}")
 dist.destroy_process_group()
 """
 
@@ -88,9 +89,10 @@ def test_two_node_torchrun_job_through_the_cli(slurm_cluster: SlurmCluster, tmp_
     assert record["rank_to_host"] == {"0": hosts[0], "1": hosts[0], "2": hosts[1], "3": hosts[1]}
     run_dir = Path(record["run_dir"])
     for rank, host in record["rank_to_host"].items():
-        world, total, node = (run_dir / f"rank-{rank}.txt").read_text().split()
+        world, total, node, run_id = (run_dir / f"rank-{rank}.txt").read_text().split()
         assert (world, float(total)) == ("4", 10.0)  # all four ranks took part in the all_reduce
         assert node == host  # the rank ran where the record says (its slurmd's node name)
+        assert run_id == f"clusterx-{record['backend_job_id']}"  # the rendezvous id the script gave torchrun
     assert "#SBATCH --nodes=2" in record["rendered_request"]
     assert "#SBATCH --ntasks-per-node=1" in record["rendered_request"]
     assert record["started_at"] is not None
