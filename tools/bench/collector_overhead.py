@@ -15,6 +15,13 @@ Prints one JSON line:
   overhead_pct_process_cpu  the same with the CPU time of the collector's own threads (the trace writer packs and
                          writes in the background) added: the cost where the machine has no idle core for them
   overhead_pct_wall      the same from wall time (noisy where the machine is shared)
+  overhead_pct_paired    the median over step triples of traced / plain - 1 (each traced step against the plain
+                         step run next to it): less moved by load that changes during the run than the ratio of
+                         the two medians; where the two disagree by more than a few tenths, the machine was busy
+  load_avg_1m            the machine's 1-minute load average before and after the measurement: per-span costs
+                         are cache misses, and other processes' work makes them dearer, so figures taken on a busy
+                         machine are higher than on an idle one (several times so on the 2-core development VM
+                         at load 6)
   bare_with_pct          do-nothing context managers / plain - 1: the floor of any `with`-based instrumentation
   collector_beyond_bare_pct  traced / do-nothing - 1: the collector's own share
   overhead_pct_estimate  spans_per_step * ns_per_span / plain step CPU time (from a tight loop, warm caches)
@@ -23,7 +30,7 @@ Prints one JSON line:
   step_ms, step_cpu_ms   median plain step, wall and training-thread CPU time
 Target: overhead <= 1 % of the step time.
 
-Usage: python tools/bench/collector_overhead.py [--steps 60] [--layers 28]
+Usage: python tools/bench/collector_overhead.py [--steps 100] [--layers 28]
 """
 
 from __future__ import annotations
@@ -173,7 +180,7 @@ def ns_per_span(run_dir: Path, count: int = 200_000) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=60, help="measured step pairs")
+    parser.add_argument("--steps", type=int, default=100, help="measured step triples")
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--tokens", type=int, default=128, help="rows of the matmuls: scales the compute per span")
     parser.add_argument("--tight-spans", type=int, default=200_000, help="spans of the per-span cost loop")
@@ -185,6 +192,7 @@ def main() -> None:
     from deeptrace.collect import Collector
 
     ops = build_step(args.layers, args.tokens)
+    load_before = os.getloadavg()[0]
     variants = ("plain", "bare", "traced")
     with tempfile.TemporaryDirectory() as tmp:
         collector = Collector(Path(tmp) / "run", 0, 1)
@@ -219,12 +227,15 @@ def main() -> None:
     def overhead(times: dict[str, list[int]], variant: str = "traced", base: str = "plain") -> float:
         return round(100 * (statistics.median(times[variant]) / statistics.median(times[base]) - 1), 3)
 
+    load_after = os.getloadavg()[0]
     spans_per_step = len(ops) + 1  # the step window too
+    paired = [traced / plain - 1 for traced, plain in zip(main_cpu["traced"], main_cpu["plain"], strict=True)]
     step_cpu_ns = statistics.median(main_cpu["plain"])
     result = {
         "overhead_pct": overhead(main_cpu),
         "overhead_pct_process_cpu": overhead(cpu),
         "overhead_pct_wall": overhead(wall),
+        "overhead_pct_paired": round(100 * statistics.median(paired), 3),
         "bare_with_pct": overhead(main_cpu, "bare"),
         "collector_beyond_bare_pct": overhead(main_cpu, "traced", "bare"),
         "overhead_pct_estimate": round(100 * spans_per_step * per_span_main / step_cpu_ns, 3),
@@ -236,6 +247,7 @@ def main() -> None:
         "steps": args.steps,
         "tokens": args.tokens,
         "trace_bytes_per_span": round(trace_bytes / ((args.steps + 5) * spans_per_step), 1),
+        "load_avg_1m": [round(load_before, 2), round(load_after, 2)],
     }
     print(json.dumps(result))
 

@@ -216,7 +216,7 @@ def _take_lane(context: SpanContext | CollectiveContext) -> None:
 
 
 def _free_lane(context: SpanContext | CollectiveContext) -> None:
-    lane = context.parent
+    lane = getattr(context, "parent", None)  # unset until entered
     if not isinstance(lane, int):
         raise RuntimeError(f"end() of {context.name!r}, which was not started with begin()")
     context.collector._lanes[context.thread.base][lane] = False
