@@ -73,7 +73,8 @@ def test_a_clusterx_job_trains_with_xtrain_and_is_watched_and_analysed_in_xtop(t
 
     settings = [f"train.max_steps={STEPS}", "data.pack_tokens=256", f"data.cache_dir={tmp_path / 'cache'}",
                 "trace.profile_steps=[]"]  # fmt: skip
-    train = ["xtrain", "train", str(REPO_ROOT / "examples" / "debug_moe.toml"), "--nproc", "2"]
+    # No --nproc and no --run-dir: the job's --procs-per-node and CLUSTERX_RUN_DIR are all xtrain needs.
+    train = ["xtrain", "train", str(REPO_ROOT / "examples" / "debug_moe.toml")]
     train += [arg for setting in settings for arg in ("--set", setting)]
     submitted = clusterx("submit", "--json", "--name", "e2e-moe", "--procs-per-node", "2", "--workdir",
                          str(tmp_path), "--", *train)  # fmt: skip

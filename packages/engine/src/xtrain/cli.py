@@ -5,6 +5,7 @@ The group imports nothing heavy: each command imports torch and the model code i
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -94,6 +95,8 @@ def train(config_path: Path, run_dir: Path | None, overrides: tuple[str, ...], r
     try:
         config = launch.load_and_check(config_path, overrides)
         resolved_run_dir = launch.resolve_run_dir(run_dir, config_path)
+        if nproc is None and not launched_by_torchrun():
+            nproc = _processes_of_one_node_job()
         if nproc is not None and not launched_by_torchrun():
             launch.check_world_size(config, nproc)
             launch.check_resume(resume, resolved_run_dir, config)
@@ -111,6 +114,14 @@ def train(config_path: Path, run_dir: Path | None, overrides: tuple[str, ...], r
     except TrainingStoppedError as error:
         click.echo(f"xtrain: {error}", err=True)
         sys.exit(1)
+
+
+def _processes_of_one_node_job() -> int | None:
+    """The processes a one-node clusterx job asked for (CLUSTERX_PROCS_PER_NODE > 1), which xtrain then starts
+    itself as --nproc would: `clusterx submit --procs-per-node 2 -- xtrain train CONFIG` needs nothing more. A
+    job over several nodes needs a launcher on each node (torchrun through srun): docs/engine-train.md."""
+    procs, nodes = os.environ.get("CLUSTERX_PROCS_PER_NODE", ""), os.environ.get("CLUSTERX_NODES", "1")
+    return int(procs) if procs.isdigit() and int(procs) > 1 and nodes == "1" else None
 
 
 @main.command(context_settings={"show_default": True})
