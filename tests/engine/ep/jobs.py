@@ -7,6 +7,7 @@ tests compare the layouts. A check that raises stores its traceback instead (``"
 from __future__ import annotations
 
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -37,6 +38,7 @@ def two_rank_job() -> dict[str, Result]:
         "uneven load": lambda: _layouts(config, [(1, 1), (2, 1), (2, 3)], prepare=_skewed_router),
         "reductions": lambda: _reductions(config),
         "train_step": lambda: _train_steps(config, [(1, 1), (2, 2)]),
+        "checkpointed": lambda: _checkpointed(config),
     }
     return _run_checks(rank, checks)
 
@@ -95,6 +97,34 @@ def _layouts(
         "layouts": per_layout if dist.get_rank() == 0 else None,
         "local counts": {layout: result["local counts"] for layout, result in per_layout.items()},
     }
+
+
+class _Waits:
+    """Counts the exchanges a rank waited for, by name (told synchronously, in the waiting thread)."""
+
+    def __init__(self) -> None:
+        self.names: Counter[str] = Counter()
+
+    def exchanged(self, name: str, launch_ns: int, done_ns: int, nbytes: int) -> None:
+        pass
+
+    def waited(self, name: str, start_ns: int, end_ns: int) -> None:
+        self.names[name] += 1
+
+
+def _checkpointed(config: ModelConfig) -> Result:
+    """Every layer checkpointed under EP with Domino slices: the results of the plain model, and the exchanges
+    each rank waited for in one forward and backward (a recompute that communicated would wait for its own)."""
+    input_ids_1T, cu_seqlens = inputs_of_rank(dist.get_rank(), config.vocab_size)
+    waits = _Waits()
+    per_layout: dict[str, Any] = {}
+    for name, ep_size, slices, policy, observer in (
+        ("plain", 1, 1, "none", None),
+        ("ep 2 checkpointed", 2, 3, "full", waits),
+    ):
+        model = build(config, ep_size, domino_slices=slices, observer=observer, checkpointing=policy)
+        per_layout[name] = step_results(model, input_ids_1T, cu_seqlens)
+    return {"layouts": per_layout if dist.get_rank() == 0 else None, "waits": dict(waits.names)}
 
 
 def _reductions(config: ModelConfig) -> Result:

@@ -1,7 +1,7 @@
 """The model and losses the expert-parallel jobs train, and how they build it under each layout.
 
 Plain model code plus the parallel steps, applied in the trainer's order (meta device → expert parallelism →
-FSDP2 → materialise); ep_size 1 is the plain FSDP model the EP layouts are compared with.
+activation checkpointing → FSDP2 → materialise); ep_size 1 is the plain FSDP model the EP layouts are compared with.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from xtrain.model.moe import MoEConfig
 from xtrain.model.moe.aux_loss import load_balancing_loss, router_z_loss
 from xtrain.model.transformer import Transformer
 from xtrain.parallel.all_to_all import CommObserver
+from xtrain.parallel.checkpointing import apply_activation_checkpointing
 from xtrain.parallel.expert_parallel import apply_expert_parallel
 from xtrain.parallel.fsdp import apply_fsdp
 from xtrain.parallel.materialize import materialize, unwrapped_names
@@ -61,16 +62,19 @@ def build(
     domino_slices: int = 1,
     observer: CommObserver | None = None,
     prepare: Callable[[Transformer], None] | None = None,
+    checkpointing: str = "none",
 ) -> Transformer:
     world = dist.get_world_size()
     with torch.device("meta"):
         model = Transformer(config)
     if ep_size == 1:
+        apply_activation_checkpointing(model, checkpointing)
         apply_fsdp(model, data_parallel_mesh("cpu", world, replicate=1), param_dtype=torch.float32)
     else:
         assert config.moe is not None
         mesh = expert_parallel_mesh("cpu", world, world, config.moe.num_experts, ep_size)
         apply_expert_parallel(model, mesh, domino_slices=domino_slices, observer=observer)
+        apply_activation_checkpointing(model, checkpointing)
         apply_fsdp(model, mesh.all_ranks, param_dtype=torch.float32, expert_mesh=mesh.expert_shard)
     materialize(model, torch.device("cpu"), seed=SEED)
     if prepare is not None:

@@ -104,3 +104,19 @@ def test_the_trainer_step_under_ep_matches_plain_fsdp(ep_two_ranks: list[Any]) -
     # After one SGD step (clipped gradients, router bias update from the global counts) the weights agree.
     for name, tensor in plain["state"].items():
         torch.testing.assert_close(ep["state"][name], tensor, **TOLERANCE, msg=name)
+
+
+@on_two_ranks
+def test_checkpointed_layers_under_ep_replay_their_exchanges_instead_of_communicating(
+    ep_two_ranks: list[Any],
+) -> None:
+    results = _check(ep_two_ranks, "checkpointed")
+    layouts = results[0]["layouts"]
+    _assert_same(layouts["ep 2 checkpointed"], layouts["plain"], "every layer checkpointed, ep 2 with 3 slices")
+    # Two MoE layers, 3 slices: per layer one counts exchange, a dispatch and a combine per slice in forward, their
+    # gradients in backward. Each once: the recompute took the forward's from the tape (else each forward name
+    # would be waited for twice).
+    slices = [f"{kind} slice {i}" for kind in ("dispatch", "combine") for i in range(3)]
+    expected = dict.fromkeys(["split sizes", *slices, *(f"{name} backward" for name in slices)], 2)
+    for result in results:
+        assert result["waits"] == expected

@@ -64,6 +64,10 @@ def assert_user_error(result: subprocess.CompletedProcess[str], *needles: str) -
             ["memory.checkpointing", "'every:0'", "none | full | every:K | ratio:F"],
         ),
         (lambda text: text + "\n[memory]\noffload = true\n", ["memory.offload", "memory.checkpointing"]),
+        (
+            lambda text: text + "\n[parallel]\nep_size = 2\nreplicate = 2\n",
+            ["parallel.ep_size = 2", "parallel.replicate = 2"],
+        ),
     ],
     ids=[
         "misspelt-key",
@@ -75,6 +79,7 @@ def assert_user_error(result: subprocess.CompletedProcess[str], *needles: str) -
         "bad-toml",
         "bad-checkpointing",
         "offload-without-checkpointing",
+        "ep-with-replicate",
     ],
 )
 def test_a_bad_config_is_one_message_naming_the_key(tmp_path: Path, mutate, needles: list[str]) -> None:  # type: ignore[no-untyped-def]
@@ -105,6 +110,19 @@ def test_bad_overrides_and_world_sizes_are_named(tmp_path: Path) -> None:
     )
     assert_user_error(xtrain("train", config, "--nproc", "2", *run, cwd=tmp_path), "train.global_batch = 3", "(2)")
     assert_user_error(xtrain("train", config, "--resume", tmp_path / "ckpt", *run, cwd=tmp_path), "--resume")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bad_ep_size_is_named_with_the_values_before_any_process_starts(tmp_path: Path) -> None:
+    # The other layouts the check refuses: tests/engine/ep/test_mesh.py and test_expert_parallel_checks.py.
+    config = tmp_path / "config.toml"
+    config.write_text(config_text() + "\n[parallel]\nep_size = 4\n")
+    result = xtrain("train", config, "--nproc", "2", "--run-dir", tmp_path / "run", cwd=tmp_path)
+    assert_user_error(
+        result,
+        "parallel.ep_size = 4 with 2 processes (2 per node) and 8 experts",
+        "must divide the number of processes",
+    )
     assert not (tmp_path / "run").exists()
 
 

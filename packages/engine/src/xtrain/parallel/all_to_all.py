@@ -16,6 +16,10 @@ waits for it. In backward the order reverses: the gradient's all-to-all is launc
 backward and waited by the starting node's backward, and autograd runs other ready work (another slice's
 experts) in between.
 
+Activation checkpointing (see :class:`ExchangeTape`): inside a checkpointed layer's forward every received buffer
+is kept on a tape, and the layer's recompute in backward takes its exchanges from the tape instead of
+communicating: the recompute runs no collective at all (and no rank waits for another during it).
+
 Where it runs: on CUDA the all-to-all is issued on a side stream (one per device), which first waits for the
 compute stream (the send rows are written there) and records an event when the exchange is complete; waiting
 makes the compute stream wait for that event, so the host never blocks. The buffers are marked as used on the
@@ -25,6 +29,7 @@ collective on its own threads and waiting blocks the calling thread until it is 
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -44,6 +49,67 @@ class CommObserver(Protocol):
         """The calling thread waited for an exchange from start_ns to end_ns."""
 
 
+class ExchangeTape:
+    """The buffers one checkpointed layer received in its forward, in launch order, which its recompute replays.
+
+    Recomputing a layer repeats its forward exactly (the routing is saved, so the split sizes are the same), so
+    the recompute's n-th exchange is the forward's n-th. What the tape holds are the receive buffers themselves
+    (no copy), alive until the layer's backward has used them: per MoE layer and micro-batch the counts, the
+    dispatched rows with their weight column ([R, D+1], R the rows this rank's experts got) and the combined rows
+    ([T·K, D]). The gradient exchanges of backward are not taped: they run in backward, outside the recompute."""
+
+    def __init__(self) -> None:
+        self.received: list[Tensor] = []
+        self.replayed = 0
+
+    def replay(self, rows: int, columns: tuple[int, ...], name: str) -> Tensor:
+        if self.replayed >= len(self.received):
+            raise RuntimeError(f"recompute of a checkpointed layer made more exchanges than its forward ({name})")
+        buffer = self.received[self.replayed]
+        self.replayed += 1
+        if tuple(buffer.shape) != (rows, *columns):
+            raise RuntimeError(
+                f"recompute of a checkpointed layer exchanged {name} with shape {[rows, *columns]}, its forward "
+                f"{list(buffer.shape)}: the recompute did not repeat the forward"
+            )
+        return buffer.detach()  # a new tensor object: the recompute's graph must not touch the forward's
+
+
+class _TapeMode:
+    """``with`` this: the exchanges launched by this thread are recorded on ``tape`` (or replayed from it)."""
+
+    def __init__(self, tape: ExchangeTape, *, replay: bool) -> None:
+        self.tape = tape
+        self.replay = replay
+
+    def __enter__(self) -> None:
+        _tape_modes().append(self)
+
+    def __exit__(self, *_exc: object) -> None:
+        _tape_modes().remove(self)
+
+
+_THREAD = threading.local()
+
+
+def _tape_modes() -> list[_TapeMode]:
+    # Per thread: the recompute runs on the backward thread, which on CUDA is not the one that ran forward.
+    if not hasattr(_THREAD, "modes"):
+        _THREAD.modes = []
+    modes: list[_TapeMode] = _THREAD.modes
+    return modes
+
+
+def recording(tape: ExchangeTape) -> _TapeMode:
+    """A context in which this thread's exchanges keep their receive buffers on ``tape`` (a checkpointed forward)."""
+    return _TapeMode(tape, replay=False)
+
+
+def replaying(tape: ExchangeTape) -> _TapeMode:
+    """A context in which this thread's exchanges come from ``tape``, with no communication (the recompute)."""
+    return _TapeMode(tape, replay=True)
+
+
 _SIDE_STREAMS: dict[torch.device, Any] = {}
 
 
@@ -58,12 +124,15 @@ class InFlight:
     """One all-to-all launched and not yet waited for."""
 
     work: Any
+    """The collective's Work (None: replayed from a tape, nothing to wait for)."""
     done: Any = None
     """CUDA event recorded on the side stream after the exchange (None on the CPU)."""
     name: str = "all_to_all"
     observer: CommObserver | None = None
 
     def wait(self) -> None:
+        if self.work is None:
+            return
         start_ns = time.monotonic_ns()
         if self.done is not None:
             torch.cuda.current_stream().wait_event(self.done)
@@ -82,9 +151,17 @@ def launch(
     name: str = "all_to_all",
     observer: CommObserver | None = None,
 ) -> tuple[Tensor, InFlight]:
-    """Start the exchange of ``send_RC``'s rows; returns the receive buffer (valid once waited) and the handle."""
+    """Start the exchange of ``send_RC``'s rows; returns the receive buffer (valid once waited) and the handle.
+    Inside :func:`replaying` the buffer comes from the tape and nothing is sent."""
+    modes = _tape_modes()
+    tape_mode = modes[-1] if modes else None
+    if tape_mode is not None and tape_mode.replay:
+        return tape_mode.tape.replay(sum(recv_splits), tuple(send_RC.shape[1:]), name), InFlight(None, None, name)
     send_RC = send_RC.contiguous()
     recv_RC = send_RC.new_empty(sum(recv_splits), *send_RC.shape[1:])
+    if tape_mode is not None:
+        # The same storage, filled once waited (detached: the tape must not hold the forward graph alive).
+        tape_mode.tape.received.append(recv_RC.detach())
     launched_ns = time.monotonic_ns()
     if send_RC.is_cuda:
         side = _side_stream(send_RC.device)

@@ -33,11 +33,14 @@ rows are summed in the same order.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from deeptrace.collect import Collector
+from deeptrace.spans import Category
 from torch import Tensor, nn
 from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -49,6 +52,28 @@ from xtrain.model.moe.permute import SlotLayout, combine_rows, dispatch_rows, pe
 from xtrain.model.moe.router import Routing
 from xtrain.parallel.all_to_all import CommObserver, Exchange, exchange_counts, finish_exchange, start_exchange
 from xtrain.parallel.mesh import ExpertParallelMesh
+
+
+class ExchangeSpans:
+    """A :class:`CommObserver` that records every exchange as a deeptrace COMM span (group ``ep``), on one track
+    per exchange name and direction kind (``ep-comm/<n>``: spans on one track never overlap), so that ``deeptrace
+    analyze`` counts the all-to-alls and how much of them compute hid. Called from gloo's or NCCL's completion
+    threads: a tuple appended per exchange, nothing more."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+        self._lanes: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def exchanged(self, name: str, launch_ns: int, done_ns: int, nbytes: int) -> None:
+        with self._lock:
+            lane = self._lanes.setdefault(name.removesuffix(" backward"), len(self._lanes))
+        self.collector.record(
+            f"all_to_all {name}", Category.COMM, launch_ns, done_ns, nbytes=nbytes, group="ep", track=f"ep-comm/{lane}"
+        )
+
+    def waited(self, name: str, start_ns: int, end_ns: int) -> None:
+        """Waits are the compute thread's time; the trainer's own spans cover it."""
 
 
 def moe_blocks(model: nn.Module) -> list[MoEBlock]:

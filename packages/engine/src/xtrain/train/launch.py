@@ -51,9 +51,9 @@ def load_and_check(config_path: Path, overrides: tuple[str, ...]) -> TrainConfig
     return config
 
 
-def check_world_size(config: TrainConfig, world_size: int) -> None:
+def check_world_size(config: TrainConfig, world_size: int, processes_per_node: int | None = None) -> None:
     """What the number of processes must satisfy (checked by the launcher before it starts them, and by every
-    rank under torchrun)."""
+    rank under torchrun). ``processes_per_node`` None: all on this node (``--nproc``, torchrun --standalone)."""
     if config.train.global_batch % world_size:
         raise ConfigError(
             f"train.global_batch = {config.train.global_batch} must be a multiple of the number of processes "
@@ -62,6 +62,18 @@ def check_world_size(config: TrainConfig, world_size: int) -> None:
     if world_size % config.parallel.replicate:
         raise ConfigError(
             f"parallel.replicate = {config.parallel.replicate} must divide the number of processes ({world_size})"
+        )
+    if config.parallel.ep_size > 1:
+        from xtrain.parallel.mesh import check_expert_parallel  # noqa: PLC0415 (torch: only when EP is asked for)
+        from xtrain.train.trainer import resolve_model_config  # noqa: PLC0415
+
+        moe = resolve_model_config(config).moe
+        check_expert_parallel(
+            world_size,
+            world_size if processes_per_node is None else processes_per_node,
+            moe.num_experts if moe is not None else None,
+            config.parallel.ep_size,
+            replicate=config.parallel.replicate,
         )
 
 

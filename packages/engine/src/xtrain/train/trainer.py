@@ -1,7 +1,8 @@
 """One process's share of ``xtrain train``: set up, loop over optimizer steps, write the run directory.
 
 Set-up order (each step applied from outside the model): process group → model built on the meta device →
-activation checkpointing and offload (optional) → data-parallel mesh → per-layer compile (optional) → FSDP2 →
+expert parallelism (``parallel.ep_size`` > 1: the fsdp × ep mesh, experts split) → activation checkpointing and
+offload (optional) → data-parallel mesh → per-layer compile (optional) → FSDP2 →
 parameters allocated and initialised (or loaded from the Hugging Face folder) after sharding → optimizer and
 schedule → data (token cache built across ranks, packs).
 
@@ -41,9 +42,10 @@ from xtrain.model.transformer import Transformer
 from xtrain.parallel.checkpointing import apply_activation_checkpointing
 from xtrain.parallel.compile import apply_compile
 from xtrain.parallel.distributed import Distributed, barrier, close_distributed, init_distributed
+from xtrain.parallel.expert_parallel import ExchangeSpans, apply_expert_parallel
 from xtrain.parallel.fsdp import apply_fsdp
 from xtrain.parallel.materialize import materialize
-from xtrain.parallel.mesh import data_parallel_mesh
+from xtrain.parallel.mesh import data_parallel_mesh, expert_parallel_mesh
 from xtrain.parallel.offload import apply_activation_offload
 from xtrain.train.checkpoint.locate import ResumePoint
 from xtrain.train.checkpoint.resume import decide_on_all_ranks, restore
@@ -77,23 +79,42 @@ def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if choice == "bf16" else torch.float32
 
 
-def build_model(config: TrainConfig, model_cfg: ModelConfig, dist_ctx: Distributed) -> Transformer:
-    """The sharded, materialised model: meta → (checkpointing, offload) → (compile) → FSDP2 → allocate +
-    init/load after sharding."""
+def build_model(
+    config: TrainConfig, model_cfg: ModelConfig, dist_ctx: Distributed, collector: Collector | None = None
+) -> Transformer:
+    """The sharded, materialised model: meta → (expert parallelism) → (checkpointing, offload) → (compile) →
+    FSDP2 → allocate + init/load after sharding. ``collector``: the all-to-alls of expert parallelism are
+    recorded as its COMM spans."""
+    ep_mesh = None
+    if config.parallel.ep_size > 1:
+        num_experts = model_cfg.moe.num_experts if model_cfg.moe is not None else None
+        ep_mesh = expert_parallel_mesh(
+            dist_ctx.device.type, dist_ctx.world_size, dist_ctx.local_world_size, num_experts, config.parallel.ep_size
+        )
     with torch.device("meta"):
         model = Transformer(model_cfg)
+    if ep_mesh is not None:
+        # First: checkpointing then wraps layers whose MoE blocks already exchange tokens (and saves what they
+        # receive, see parallel/checkpointing.py), and FSDP shards the expert DTensors over their replicas.
+        observer = ExchangeSpans(collector) if collector is not None and config.trace.enabled else None
+        apply_expert_parallel(model, ep_mesh, domino_slices=config.parallel.domino_slices, observer=observer)
     apply_activation_checkpointing(model, config.memory.checkpointing)
     if config.memory.offload:
         apply_activation_offload(model, dist_ctx.device, config.memory.offload_resident_layers)
     if config.parallel.compile:
-        apply_compile(model)
-    mesh = data_parallel_mesh(dist_ctx.device.type, dist_ctx.world_size, config.parallel.replicate)
+        # Under EP the exchange schedule is kept out of the graph (host-side split sizes): a graph break.
+        apply_compile(model, fullgraph=ep_mesh is None)
+    if ep_mesh is not None:
+        mesh = ep_mesh.all_ranks
+    else:
+        mesh = data_parallel_mesh(dist_ctx.device.type, dist_ctx.world_size, config.parallel.replicate)
     apply_fsdp(
         model,
         mesh,
         param_dtype=compute_dtype(config, dist_ctx.device),
         reshard_after_forward=config.parallel.reshard_after_forward,
         prefetch=config.parallel.prefetch,
+        expert_mesh=ep_mesh.expert_shard if ep_mesh is not None else None,
     )
     materialize(model, dist_ctx.device, seed=config.train.seed, hf_path=config.model.hf_path)
     return model
@@ -144,7 +165,7 @@ def train(
 
 def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed, resume: str) -> Transformer:
     world = dist_ctx.world_size
-    check_world_size(config, world)
+    check_world_size(config, world, dist_ctx.local_world_size)
     # Which checkpoint, checked against the model, before any file is written (a bad one overwrites nothing).
     decision = decide_on_all_ranks(resume, run_dir, resolve_model_config(config), dist_ctx.rank)
     writer = RunWriter(run_dir, dist_ctx.rank, world)
@@ -176,7 +197,7 @@ def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
     started = time.perf_counter()
     model_cfg = resolve_model_config(config)
     torch.manual_seed(config.train.seed)
-    model = build_model(config, model_cfg, dist_ctx)
+    model = build_model(config, model_cfg, dist_ctx, collector)
     dtype = compute_dtype(config, dist_ctx.device)
     settings = loss_settings(config, model_cfg, dtype, dist_ctx.device)
     optimizer = build_optimizer(model, config.optim, dist_ctx.device)
