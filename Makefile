@@ -9,7 +9,9 @@ UV_VERSION := 0.13.9
 UV := $(PYTHON) -m uv
 VENV := .venv
 RUN := $(UV) run --frozen --all-packages
-PYTEST_WORKERS ?= 2
+# One worker more than the 2 cores CI has: many tests mostly wait (daemons, Slurm, tmux, timeouts), and a third
+# worker runs while they do.
+PYTEST_WORKERS ?= 3
 
 .PHONY: help setup setup-cuda lint format typecheck pytest test demo bench clean
 
