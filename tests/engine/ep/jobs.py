@@ -6,10 +6,8 @@ tests compare the layouts. A check that raises stores its traceback instead (``"
 
 from __future__ import annotations
 
-import traceback
 from collections import Counter
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -18,11 +16,11 @@ from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 from xtrain.model.config import ModelConfig
 from xtrain.model.documents import PackedDocuments
 from xtrain.model.transformer import Transformer
-from xtrain.parallel.distributed import close_distributed, init_distributed
 from xtrain.parallel.materialize import unwrapped_names
 from xtrain.parallel.tensors import full_tensor
 from xtrain.train.step import GlobalBatch, LossSettings, MicroBatch, train_step
 
+from ..parallel.jobs import run_checks, start_gloo
 from .models import TOKENS, build, inputs_of_rank, moe_config, step_results
 
 Result = dict[str, Any]
@@ -30,7 +28,7 @@ Layout = tuple[int, int]  # (ep_size, domino_slices)
 
 
 def two_rank_job() -> dict[str, Result]:
-    rank = _start()
+    rank = start_gloo()
     config = moe_config()
     checks: dict[str, Callable[[], Result]] = {
         "layouts": lambda: _layouts(config, [(1, 1), (2, 1), (2, 3)]),
@@ -40,34 +38,17 @@ def two_rank_job() -> dict[str, Result]:
         "train_step": lambda: _train_steps(config, [(1, 1), (2, 2)]),
         "checkpointed": lambda: _checkpointed(config),
     }
-    return _run_checks(rank, checks)
+    return run_checks(rank, checks)
 
 
 def four_rank_job() -> dict[str, Result]:
-    rank = _start()
+    rank = start_gloo()
     config = moe_config()
     checks: dict[str, Callable[[], Result]] = {
         "layouts": lambda: _layouts(config, [(1, 1), (2, 3), (4, 2)]),
         "uneven load": lambda: _layouts(config, [(1, 1), (4, 2)], prepare=_skewed_router),
     }
-    return _run_checks(rank, checks)
-
-
-def _start() -> int:
-    # A short timeout: a check that fails on one rank must not leave the others waiting for half an hour.
-    dist.init_process_group("gloo", timeout=timedelta(seconds=90))
-    return init_distributed("cpu").rank
-
-
-def _run_checks(rank: int, checks: dict[str, Callable[[], Result]]) -> dict[str, Result]:
-    results: dict[str, Result] = {}
-    for name, check in checks.items():
-        try:
-            results[name] = check()
-        except Exception:
-            results[name] = {"error": f"rank {rank}: {traceback.format_exc()}"}
-    close_distributed()
-    return results
+    return run_checks(rank, checks)
 
 
 def _skewed_router(model: Transformer) -> None:

@@ -5,27 +5,18 @@ gradient reduction per group whatever the number of slices."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import torch
 
-Test = TypeVar("Test", bound=Callable[..., None])
+from ..parallel.compare import marked
+
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 
 
-def _marked(group: str) -> Callable[[Test], Test]:
-    def mark(test: Test) -> Test:
-        for marker in (pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.xdist_group(group)):
-            test = marker(test)
-        return test
-
-    return mark
-
-
-on_two_ranks = _marked("ep-two-ranks")
-on_four_ranks = _marked("ep-four-ranks")
+on_two_ranks = marked("ep-two-ranks")
+on_four_ranks = marked("ep-four-ranks")
 
 
 def _check(results: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:

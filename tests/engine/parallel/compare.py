@@ -15,7 +15,7 @@ from .jobs import HFFolders
 Test = TypeVar("Test", bound=Callable[..., None])
 
 
-def _marked(group: str) -> Callable[[Test], Test]:
+def marked(group: str) -> Callable[[Test], Test]:
     def mark(test: Test) -> Test:
         for marker in (pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.xdist_group(group)):
             test = marker(test)
@@ -25,8 +25,8 @@ def _marked(group: str) -> Callable[[Test], Test]:
 
 
 # One xdist group per job: the tests reading a job's results run on one worker, which spawns the job once.
-on_two_ranks = _marked("parallel-two-ranks")
-on_four_ranks = _marked("parallel-four-ranks")
+on_two_ranks = marked("parallel-two-ranks")
+on_four_ranks = marked("parallel-four-ranks")
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ class HFFolders:
 
 
 def two_rank_job(folders: HFFolders) -> dict[str, Result]:
-    rank = _start()
+    rank = start_gloo()
     mesh = data_parallel_mesh("cpu", 2, replicate=1)
     config = sigmoid_moe_config()
     checks: dict[str, Callable[[], Result]] = {
@@ -65,11 +65,11 @@ def two_rank_job(folders: HFFolders) -> dict[str, Result]:
         "save moe": lambda: _save_hf(Path(folders.moe), mesh, Path(folders.out) / "saved-moe"),
         "dcp": lambda: _dcp_round_trip(config, mesh, Path(folders.out) / "dcp"),
     }
-    return _run_checks(rank, checks)
+    return run_checks(rank, checks)
 
 
 def four_rank_job() -> dict[str, Result]:
-    rank = _start()
+    rank = start_gloo()
     fsdp = data_parallel_mesh("cpu", 4, replicate=1)
     hsdp = data_parallel_mesh("cpu", 4, replicate=2)
     untied, tied = sigmoid_moe_config(), sigmoid_moe_config(tie=True)
@@ -78,16 +78,16 @@ def four_rank_job() -> dict[str, Result]:
         "init hsdp": lambda: _init(untied, hsdp),
         "forward hsdp tied": lambda: _forward(tied, hsdp, torch.float32, reshard=True),
     }
-    return _run_checks(rank, checks)
+    return run_checks(rank, checks)
 
 
-def _start() -> int:
+def start_gloo() -> int:
     # A short timeout: a check that fails on one rank must not leave the others waiting for half an hour.
     dist.init_process_group("gloo", timeout=timedelta(seconds=90))
     return init_distributed("cpu").rank
 
 
-def _run_checks(rank: int, checks: dict[str, Callable[[], Result]]) -> dict[str, Result]:
+def run_checks(rank: int, checks: dict[str, Callable[[], Result]]) -> dict[str, Result]:
     results: dict[str, Result] = {}
     for name, check in checks.items():
         try:
