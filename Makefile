@@ -10,7 +10,8 @@ UV := $(PYTHON) -m uv
 VENV := .venv
 RUN := $(UV) run --frozen --all-packages
 # One worker more than the 2 cores CI has: many tests mostly wait (daemons, Slurm, tmux, timeouts), and a third
-# worker runs while they do.
+# worker runs while they do; each worker's torch uses one thread (OMP_NUM_THREADS=1 below), so three workers
+# do not fight over two cores with six; the slowest tests are listed at the end.
 PYTEST_WORKERS ?= 3
 
 .PHONY: help setup setup-cuda lint format typecheck pytest test demo bench clean
@@ -37,7 +38,7 @@ typecheck: setup  ## mypy --strict over the four packages
 	$(RUN) mypy packages/engine/src packages/deeptrace/src packages/clusterx/src apps/tui/src
 
 pytest: setup  ## the whole test suite (slow tests included)
-	$(RUN) pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(RUN) pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 test: lint typecheck pytest  ## install, then lint, type check and the whole test suite
 
