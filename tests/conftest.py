@@ -20,3 +20,10 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.fail(f"reference data not found at {SHARED_DATA} (expected ../shared/data beside the checkout)")
     return SHARED_DATA
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slow tests first. pytest-xdist hands tests to its workers in this order: the long multi-process and
+    daemon tests then start at once, beside each other, and the many short ones fill the workers up at the end,
+    instead of the last long test (collected last, from tests/integration or tests/tui) running alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: otherwise collection order
