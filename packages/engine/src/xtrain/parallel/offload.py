@@ -191,13 +191,13 @@ class ActivationOffloader:
         return entry
 
     def _offload(self, layer: int, tensor: torch.Tensor) -> _Checkpoint:
-        run = self._pass
         host = self.pool.take(tensor.shape, tensor.dtype)
+        self.offloaded_bytes += tensor.numel() * tensor.element_size()
+        self._log_once("offload", layer)
         if self._stream is None:  # CPU: the copy is synchronous, done before the device tensor is let go
             host.copy_(tensor.detach())
-            self.offloaded_bytes += tensor.numel() * tensor.element_size()
-            self._log_once("offload", layer)
             return _Checkpoint(layer, host=host, device_copy=None)
+        run = self._pass
         if layer not in run.in_flight:
             while len(run.in_flight) >= self.resident_layers - 1:  # room for this layer's copy
                 self._finish_offload(run.in_flight.pop(0))
@@ -208,8 +208,6 @@ class ActivationOffloader:
             host.copy_(tensor.detach(), non_blocking=True)
             entry.ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
             entry.ready.record(self._stream)
-        self.offloaded_bytes += tensor.numel() * tensor.element_size()
-        self._log_once("offload", layer)
         return entry
 
     def _finish_offload(self, layer: int) -> None:
