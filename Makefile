@@ -19,7 +19,7 @@ PYTEST_WORKERS ?= 3
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: uv.lock pyproject.toml packages/engine/pyproject.toml packages/deeptrace/pyproject.toml packages/clusterx/pyproject.toml apps/tui/pyproject.toml
+$(VENV)/.installed: uv.lock pyproject.toml packages/engine/pyproject.toml packages/deeptrace/pyproject.toml packages/clusterx/pyproject.toml apps/tui/pyproject.toml packages/deeptrace/hatch_build.py packages/deeptrace/src/deeptrace/collect/_hotpath.c
 	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet "uv==$(UV_VERSION)"
 	$(UV) sync --locked --all-packages
 	@touch $@

@@ -11,6 +11,8 @@ from deeptrace.collect import Collector, read_trace
 from deeptrace.rundir import layout, read_heartbeats
 from deeptrace.spans import Category, Span
 
+pytestmark = pytest.mark.usefixtures("hot_path")  # each test on the C and the Python contexts
+
 
 def _spans(run_dir: Path) -> dict[str, Span]:
     return {span.name: span for span in read_trace(layout.trace_path(run_dir, 0))}

@@ -21,6 +21,8 @@ from deeptrace.spans import Category, Span
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+pytestmark = pytest.mark.usefixtures("hot_path")  # each test on the C and the Python contexts
+
 
 def _spans(run_dir: Path, rank: int = 0) -> list[Span]:
     return list(read_trace(layout.trace_path(run_dir, rank)))

@@ -12,6 +12,8 @@ from deeptrace.collect import Collector
 from deeptrace.rundir import CollectiveMark, Heartbeat, layout, read_heartbeat, read_heartbeats
 from deeptrace.spans import Category
 
+pytestmark = pytest.mark.usefixtures("hot_path")  # each test on the C and the Python contexts
+
 
 def _beat(run_dir: Path, rank: int = 0) -> Heartbeat:
     return read_heartbeat(layout.heartbeat_path(run_dir, rank))

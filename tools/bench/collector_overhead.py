@@ -7,7 +7,9 @@ with every operation recorded (a span or a collective, plus step_begin/step_end)
 alternating order so the machine's drift hits both alike.
 
 A third variant runs the same instrumented loop with context managers that do nothing, which separates the cost of
-instrumenting with `with` statements at all from the collector's own.
+instrumenting with `with` statements at all from the collector's own. Where deeptrace's C hot path is built, a
+fourth runs the collector with the pure-Python contexts (DEEPTRACE_HOT_PATH=python), so the two hot paths are
+compared in the same run.
 
 Prints one JSON line:
   overhead_pct           traced / plain - 1 of the median step's CPU time on the training thread, in percent: what
@@ -27,6 +29,9 @@ Prints one JSON line:
   overhead_pct_estimate  spans_per_step * ns_per_span / plain step CPU time (from a tight loop, warm caches)
   ns_per_span            training-thread CPU cost of one empty span or collective, tight loop
   ns_per_span_with_writer  the same plus the writer thread's packing and writing
+  hot_path               "native" (the C contexts, what the figures above measure) or "python" (not built)
+  python_overhead_pct, python_overhead_pct_paired, python_ns_per_span
+                         the pure-Python contexts' figures from the same run (only where the C path is built)
   step_ms, step_cpu_ms   median plain step, wall and training-thread CPU time
 Target: overhead <= 1 % of the step time.
 
@@ -155,14 +160,32 @@ def step_traced(ops: list[Op], collector: Collector | BareCollector, step: int) 
     collector.step_end(step)
 
 
-def ns_per_span(run_dir: Path, count: int = 200_000) -> tuple[float, float]:
+def make_collector(
+    run_dir: Path, *, python: bool = False, heartbeat_interval_s: float | None = 1.0, buffer_spans: int = 8192
+) -> Collector:
+    """A Collector with the hot path built (python=False) or with the pure-Python contexts."""
+    from deeptrace.collect import Collector
+    from deeptrace.collect.native import HOT_PATH_ENV
+
+    previous = os.environ.get(HOT_PATH_ENV)
+    if python:
+        os.environ[HOT_PATH_ENV] = "python"
+    try:
+        return Collector(run_dir, 0, 1, heartbeat_interval_s=heartbeat_interval_s, buffer_spans=buffer_spans)
+    finally:
+        if previous is None:
+            os.environ.pop(HOT_PATH_ENV, None)
+        else:
+            os.environ[HOT_PATH_ENV] = previous
+
+
+def ns_per_span(run_dir: Path, count: int = 200_000, *, python: bool = False) -> tuple[float, float]:
     """CPU cost of one span in a tight loop of empty spans and collectives (half each): (on the recording thread,
     in all, the writer thread's packing and writing included). Measured in CPU time, so that other processes on
     the machine do not inflate it."""
-    from deeptrace.collect import Collector
     from deeptrace.spans import Category
 
-    collector = Collector(run_dir, 0, 1, heartbeat_interval_s=None, buffer_spans=count + 1)
+    collector = make_collector(run_dir, python=python, heartbeat_interval_s=None, buffer_spans=count + 1)
     collector.step_begin(0)
     start, start_main = time.process_time_ns(), time.thread_time_ns()
     for index in range(count // 2):
@@ -190,17 +213,21 @@ def main() -> None:
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     from deeptrace.collect import Collector
+    from deeptrace.collect.native import native_chosen
 
     ops = build_step(args.layers, args.tokens)
     load_before = os.getloadavg()[0]
-    variants = ("plain", "bare", "traced")
+    native = native_chosen()
+    variants: tuple[str, ...] = ("plain", "bare", "traced", "python") if native else ("plain", "bare", "traced")
     with tempfile.TemporaryDirectory() as tmp:
-        collector = Collector(Path(tmp) / "run", 0, 1)
-        bare = BareCollector()
+        collectors: dict[str, Collector | BareCollector] = {"bare": BareCollector()}
+        collectors["traced"] = make_collector(Path(tmp) / "run")
+        if native:
+            collectors["python"] = make_collector(Path(tmp) / "run-python", python=True)
         for warmup in range(5):
             step_plain(ops)
-            step_traced(ops, bare, warmup)
-            step_traced(ops, collector, warmup)
+            for collector in collectors.values():
+                step_traced(ops, collector, warmup)
         # Per step: the training thread's CPU time, the whole process's (the collector's threads included) and
         # wall time. CPU times are what other processes on a shared machine do not inflate.
         main_cpu: dict[str, list[int]] = {v: [] for v in variants}
@@ -208,34 +235,42 @@ def main() -> None:
         wall: dict[str, list[int]] = {v: [] for v in variants}
         for step in range(args.steps):
             # Rotate which variant goes first, so none always runs on a warmer cache.
-            for variant in variants[step % 3 :] + variants[: step % 3]:
+            turn = step % len(variants)
+            for variant in variants[turn:] + variants[:turn]:
                 start_wall, start_cpu = time.perf_counter_ns(), time.process_time_ns()
                 start_main = time.thread_time_ns()
                 if variant == "plain":
                     step_plain(ops)
-                elif variant == "bare":
-                    step_traced(ops, bare, step + 5)
                 else:
-                    step_traced(ops, collector, step + 5)
+                    step_traced(ops, collectors[variant], step + 5)
                 main_cpu[variant].append(time.thread_time_ns() - start_main)
                 cpu[variant].append(time.process_time_ns() - start_cpu)
                 wall[variant].append(time.perf_counter_ns() - start_wall)
-        collector.close()
+        for collector in collectors.values():
+            if isinstance(collector, Collector):
+                collector.close()
         trace_bytes = (Path(tmp) / "run" / "trace" / "rank-0.dtr").stat().st_size
         per_span_main, per_span = ns_per_span(Path(tmp) / "tight", args.tight_spans)
+        python_per_span_main = (
+            ns_per_span(Path(tmp) / "tight-python", args.tight_spans, python=True)[0] if native else 0
+        )
 
     def overhead(times: dict[str, list[int]], variant: str = "traced", base: str = "plain") -> float:
         return round(100 * (statistics.median(times[variant]) / statistics.median(times[base]) - 1), 3)
 
     load_after = os.getloadavg()[0]
     spans_per_step = len(ops) + 1  # the step window too
-    paired = [traced / plain - 1 for traced, plain in zip(main_cpu["traced"], main_cpu["plain"], strict=True)]
+
+    def paired(variant: str) -> float:
+        ratios = [traced / plain - 1 for traced, plain in zip(main_cpu[variant], main_cpu["plain"], strict=True)]
+        return round(100 * statistics.median(ratios), 3)
+
     step_cpu_ns = statistics.median(main_cpu["plain"])
     result = {
         "overhead_pct": overhead(main_cpu),
         "overhead_pct_process_cpu": overhead(cpu),
         "overhead_pct_wall": overhead(wall),
-        "overhead_pct_paired": round(100 * statistics.median(paired), 3),
+        "overhead_pct_paired": paired("traced"),
         "bare_with_pct": overhead(main_cpu, "bare"),
         "collector_beyond_bare_pct": overhead(main_cpu, "traced", "bare"),
         "overhead_pct_estimate": round(100 * spans_per_step * per_span_main / step_cpu_ns, 3),
@@ -248,7 +283,12 @@ def main() -> None:
         "tokens": args.tokens,
         "trace_bytes_per_span": round(trace_bytes / ((args.steps + 5) * spans_per_step), 1),
         "load_avg_1m": [round(load_before, 2), round(load_after, 2)],
+        "hot_path": "native" if native else "python",
     }
+    if native:
+        result["python_overhead_pct"] = overhead(main_cpu, "python")
+        result["python_overhead_pct_paired"] = paired("python")
+        result["python_ns_per_span"] = round(python_per_span_main, 1)
     print(json.dumps(result))
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from threading import get_ident
 from time import monotonic_ns
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from deeptrace.collect import trace_format as fmt
 from deeptrace.collect.heartbeat import GroupMarks
 from deeptrace.spans import Category
 
 if TYPE_CHECKING:
+    from deeptrace.collect import _hotpath
     from deeptrace.collect.collector import Collector
 
 # A span timed elsewhere (Collector.record, step windows):
@@ -115,12 +116,12 @@ class SpanContext:
         its own (`<thread>/async-<k>`, the first lane free), so begun spans may end in any order.
         """
         self.__enter__()
-        _take_lane(self)
+        take_lane(self)
         return self
 
     def end(self) -> None:
         """End a span started with `begin()`."""
-        _free_lane(self)
+        free_lane(self)
         self.__exit__(None, None, None)
 
 
@@ -192,16 +193,21 @@ class CollectiveContext:
         """Enter where a `with` block does not fit (an asynchronous collective issued here, waited for elsewhere);
         `end()` leaves it. Like SpanContext.begin, it goes on a lane track and begun ones may end in any order."""
         self.__enter__()
-        _take_lane(self)
+        take_lane(self)
         return self
 
     def end(self) -> None:
         """Leave a collective entered with `begin()`."""
-        _free_lane(self)
+        free_lane(self)
         self.__exit__(None, None, None)
 
 
-def _take_lane(context: SpanContext | CollectiveContext) -> None:
+if TYPE_CHECKING:
+    # A context of either hot path (the C one, native.py, has the same attributes); for annotations only.
+    TimedContext: TypeAlias = SpanContext | CollectiveContext | _hotpath.SpanContext | _hotpath.CollectiveContext
+
+
+def take_lane(context: TimedContext) -> None:
     """Take a just-entered context out of its thread's chain of open spans onto the first free lane of that thread."""
     thread = context.thread
     if thread.top is context:
@@ -215,14 +221,14 @@ def _take_lane(context: SpanContext | CollectiveContext) -> None:
     context.parent = free  # an int parent marks the context as begun, and says its lane
 
 
-def _free_lane(context: SpanContext | CollectiveContext) -> None:
+def free_lane(context: TimedContext) -> None:
     lane = getattr(context, "parent", None)  # unset until entered
     if not isinstance(lane, int):
         raise RuntimeError(f"end() of {context.name!r}, which was not started with begin()")
     context.collector._lanes[context.thread.base][lane] = False
 
 
-def open_depth(top: SpanContext | CollectiveContext | int | None) -> int:
+def open_depth(top: TimedContext | int | None) -> int:
     """How many spans are open in a chain whose innermost is `top` (the depth a span entered now gets)."""
     depth = 0
     while top is not None and not isinstance(top, int):
@@ -231,7 +237,7 @@ def open_depth(top: SpanContext | CollectiveContext | int | None) -> int:
     return depth
 
 
-def track_key(context: SpanContext | CollectiveContext) -> tuple[str, int]:
+def track_key(context: TimedContext) -> tuple[str, int]:
     """(thread, depth) of a finished context, with depth -1 - lane for a begun one: what names its track."""
     parent = context.parent
     if type(parent) is int:

@@ -64,6 +64,18 @@ class GroupMarks:
         return None if left is None else left.seq
 
 
+class Marks(Protocol):
+    """A group's marks as the heartbeat reads them: GroupMarks here, or the C hot path's (native.py)."""
+
+    @property
+    def next_seq(self) -> int: ...
+    @property
+    def entered(self) -> CollectiveEvent | None: ...
+    @property
+    def left(self) -> CollectiveEvent | None: ...
+    def left_seq(self) -> int | None: ...
+
+
 class OpenChain(Protocol):
     """The training thread's state (the collector's ThreadState): its innermost open span, None outside any."""
 
@@ -83,7 +95,7 @@ class LiveHeartbeat:
     step: int | None = None
     step_done: int | None = None
     # The collector's per-group sequence numbers, with each group's collectives last entered and left.
-    groups: dict[str, GroupMarks] = field(default_factory=dict)
+    groups: dict[str, Marks] = field(default_factory=dict)
     main_thread: OpenChain | None = None  # the training thread's chain of open spans
     # The collector's buffer (the same list): a span's end is progress, found there rather than stored per span.
     records: list[Any] = field(default_factory=list)

@@ -13,12 +13,21 @@ import struct
 import threading
 import warnings
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 from deeptrace.collect import trace_format as fmt
 from deeptrace.collect.contexts import CollectiveContext, RawSpan, SpanContext, track_key, track_name
+from deeptrace.collect.native import native_module
 
-BufferItem = SpanContext | CollectiveContext | RawSpan
+if TYPE_CHECKING:
+    from deeptrace.collect.contexts import TimedContext
+
+    BufferItem: TypeAlias = TimedContext | RawSpan
+
+# The C hot path's context classes where it is built (else the Python ones again, so the checks below stay true).
+_native = native_module()
+NATIVE_SPAN: type = SpanContext if _native is None else _native.SpanContext
+NATIVE_COLLECTIVE: type = CollectiveContext if _native is None else _native.CollectiveContext
 
 
 class SpanEncoder:
@@ -36,7 +45,7 @@ class SpanEncoder:
             self._new.append((string_id, text))
         return string_id
 
-    def _track_id(self, context: SpanContext | CollectiveContext) -> int:
+    def _track_id(self, context: TimedContext) -> int:
         """String id of the track of a context the collector timed (cached per thread and depth or lane)."""
         key = track_key(context)
         track_id = self._track_ids.get(key)
@@ -57,11 +66,14 @@ class SpanEncoder:
         records = []
         for item in items:
             try:
-                if type(item) is SpanContext:
+                kind = type(item)
+                if kind is SpanContext or kind is NATIVE_SPAN:
+                    item = cast(SpanContext, item)
                     name, category, start, end = item.name, item.category, item.start_ns, item.end_ns
                     step, layer, nbytes, group_id, seq = item.step, item.layer, item.nbytes, no_string, None
                     track_id = track_id_of(item)
-                elif type(item) is CollectiveContext:
+                elif kind is CollectiveContext or kind is NATIVE_COLLECTIVE:
+                    item = cast(CollectiveContext, item)
                     name, category, start, end = item.name, item.category, item.start_ns, item.end_ns
                     step, layer, nbytes, group_id, seq = item.step, None, item.nbytes, intern(item.group), item.seq
                     track_id = track_id_of(item)
