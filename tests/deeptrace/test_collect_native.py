@@ -18,9 +18,11 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from deeptrace.collect import Collector, read_trace
 from deeptrace.collect.native import HOT_PATH_ENV, native_chosen, native_module
+from deeptrace.collect.trace_writer import SpanEncoder
 from deeptrace.rundir import Heartbeat, layout, read_heartbeats
 from deeptrace.spans import Category
 
@@ -118,6 +120,43 @@ def _record_and_close(run_dir: Path, name: str, category: Category, layer: int) 
         collector.step_end(step)
     collector.close()
     return weakref.ref(collector)
+
+
+def _one_batch_of_every_kind(run_dir: Path) -> list[Any]:
+    """The buffer of a C-path collector before its first flush: nested spans and collectives, lanes, another
+    thread, a span timed elsewhere, a numpy step (not an int), a layer out of range (dropped)."""
+    collector = Collector(run_dir, 0, 1, heartbeat_interval_s=None, buffer_spans=10_000, trace=False)
+    collector.step_begin(4)
+    with collector.span("forward", Category.COMPUTE, layer=3, nbytes=2**40):
+        with collector.collective("all_gather", group="dp", nbytes=8), collector.span("deep", Category.MEMORY):
+            pass
+        lane = collector.collective("all_to_all", "ep", seq=2**62).begin()
+    lane.end()
+    with collector.span("numpy step", Category.DATA, step=np.int64(9)):
+        pass
+    with collector.span("layer too big", Category.COMPUTE, layer=2**31):
+        pass
+    collector.record("kernel", Category.COMPUTE, 5, 6, track="cuda:0/7", group="tp", seq=1)
+    worker = threading.Thread(target=lambda: collector.span("load", Category.DATA).begin().end(), name="loader")
+    worker.start()
+    worker.join()
+    batch = list(collector._buffer)
+    collector.close()
+    return batch
+
+
+def test_the_c_packer_writes_the_bytes_of_the_python_encoder(native: Any, tmp_path: Path) -> None:
+    """pack_records against SpanEncoder.encode_one, the reference: the same bytes for the same batch, with what
+    it hands over to Python (the span timed elsewhere, the numpy step) and what both drop."""
+    batch = _one_batch_of_every_kind(tmp_path)
+    assert len(batch) == 8 and sum(type(item) is native.SpanContext for item in batch) == 5
+    encoded = {}
+    for packer in ("c", "python"):
+        encoder = SpanEncoder(native if packer == "c" else None)
+        with pytest.warns(UserWarning, match="a span was dropped, a field is invalid"):
+            encoded[packer] = [encoder.encode(batch), encoder.encode(batch)]  # the second: every string known
+    assert encoded["c"] == encoded["python"]
+    assert len(encoded["c"][1]) == 7 * 58  # every span but the dropped one, and no more string records
 
 
 def test_recording_leaks_no_reference_and_a_closed_collector_is_freed(native: Any, tmp_path: Path) -> None:

@@ -3,8 +3,8 @@
 The step is MoE-shaped and runs real numpy matmuls: per layer, forward attention, expert dispatch (all_to_all),
 expert matmuls, combine (all_to_all) and a parameter all_gather, then the same backward with a reduce_scatter;
 collectives are small memory copies standing in for communication. The same list of operations runs plain and
-with every operation recorded (a span or a collective, plus step_begin/step_end), interleaved step by step in
-alternating order so the machine's drift hits both alike.
+with every operation recorded (a span or a collective, plus step_begin/step_end), interleaved step by step in a
+new random order every round, so that the machine's drift and one variant's after-effects hit all alike.
 
 A third variant runs the same instrumented loop with context managers that do nothing, which separates the cost of
 instrumenting with `with` statements at all from the collector's own. Where deeptrace's C hot path is built, a
@@ -14,8 +14,10 @@ compared in the same run.
 Prints one JSON line:
   overhead_pct           traced / plain - 1 of the median step's CPU time on the training thread, in percent: what
                          delays the training loop (other processes on a shared machine do not count)
-  overhead_pct_process_cpu  the same with the CPU time of the collector's own threads (the trace writer packs and
-                         writes in the background) added: the cost where the machine has no idle core for them
+  overhead_pct_process_cpu  the same with the CPU time of the collector's own threads added (the trace writer packs
+                         and writes each step's spans in the background; the benchmark waits for it after each
+                         step, so that its work counts here and not in the next step): the cost where the
+                         machine has no idle core for them
   overhead_pct_wall      the same from wall time (noisy where the machine is shared)
   overhead_pct_paired    the median over step triples of traced / plain - 1 (each traced step against the plain
                          step run next to it): less moved by load that changes during the run than the ratio of
@@ -43,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import tempfile
 import time
@@ -147,6 +150,9 @@ class BareCollector:
     def collective(self, name: str, group: str, *, nbytes: int | None = None) -> _Bare:
         return _BARE
 
+    def flush(self, *, wait: bool = False) -> None:
+        return None
+
 
 def step_traced(ops: list[Op], collector: Collector | BareCollector, step: int) -> None:
     collector.step_begin(step)
@@ -233,10 +239,12 @@ def main() -> None:
         main_cpu: dict[str, list[int]] = {v: [] for v in variants}
         cpu: dict[str, list[int]] = {v: [] for v in variants}
         wall: dict[str, list[int]] = {v: [] for v in variants}
+        order = random.Random(0)
         for step in range(args.steps):
-            # Rotate which variant goes first, so none always runs on a warmer cache.
-            turn = step % len(variants)
-            for variant in variants[turn:] + variants[:turn]:
+            # A new order in every round: none always runs first (on a warmer cache) or after the same other.
+            round_order = list(variants)
+            order.shuffle(round_order)
+            for variant in round_order:
                 start_wall, start_cpu = time.perf_counter_ns(), time.process_time_ns()
                 start_main = time.thread_time_ns()
                 if variant == "plain":
@@ -244,8 +252,12 @@ def main() -> None:
                 else:
                     step_traced(ops, collectors[variant], step + 5)
                 main_cpu[variant].append(time.thread_time_ns() - start_main)
-                cpu[variant].append(time.process_time_ns() - start_cpu)
                 wall[variant].append(time.perf_counter_ns() - start_wall)
+                # The writer thread packs the step's spans in the background. Waiting for it here keeps its work
+                # out of the next step's figures (whichever variant that is) and inside this step's process CPU.
+                if variant != "plain":
+                    collectors[variant].flush(wait=True)
+                cpu[variant].append(time.process_time_ns() - start_cpu)
         for collector in collectors.values():
             if isinstance(collector, Collector):
                 collector.close()

@@ -17,6 +17,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 /* The clock of time.monotonic_ns() on Linux, so these spans line up with everything timed in Python. */
@@ -894,6 +896,285 @@ static PyTypeObject CollectiveType = {
     .tp_getset = collective_getset,
 };
 
+/* ---- Packing finished contexts into trace records (the writer thread) --------------------------------------- */
+
+/* The span record of trace_format.py: "<BBIIIqqqiqq", 58 bytes, little-endian. */
+#define SPAN_RECORD_BYTES 58
+#define TAG_SPAN 2
+#define NONE_I32 INT32_MIN
+#define NONE_I64 INT64_MIN
+#define NO_STRING 0xFFFFFFFFu
+
+static unsigned char *
+put_le(unsigned char *out, unsigned long long value, int bytes)
+{
+    for (int i = 0; i < bytes; i++) {
+        out[i] = (unsigned char)(value >> (8 * i));
+    }
+    return out + bytes;
+}
+
+/* An optional integer field: None -> `none`, else an int within [low, high]; -1 with an error set otherwise. */
+static int
+optional_field(PyObject *value, long long low, long long high, long long none, long long *out)
+{
+    if (value == NULL || value == Py_None) {
+        *out = none;
+        return 0;
+    }
+    if (!PyLong_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "not an integer");
+        return -1;
+    }
+    long long number = PyLong_AsLongLong(value);
+    if (number == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (number < low || number > high) {
+        PyErr_SetString(PyExc_OverflowError, "out of range");
+        return -1;
+    }
+    *out = number;
+    return 0;
+}
+
+/* A string's id from the encoder's table, interned by the encoder's own Python method when new. */
+static int
+string_id(PyObject *ids, PyObject *intern, PyObject *text, unsigned long long *out)
+{
+    PyObject *found = PyDict_GetItemWithError(ids, text);
+    PyObject *made = NULL;
+    if (found == NULL) {
+        if (PyErr_Occurred()) {
+            return -1;
+        }
+        found = made = PyObject_CallOneArg(intern, text);
+        if (made == NULL) {
+            return -1;
+        }
+    }
+    unsigned long long id = PyLong_AsUnsignedLongLong(found);
+    Py_XDECREF(made);
+    if (id == (unsigned long long)-1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *out = id;
+    return 0;
+}
+
+/* The track key of contexts.track_key: (thread, depth of the open chain at entry), or (thread, -1 - lane). */
+static PyObject *
+track_key_of(PyObject *thread_object, PyObject *parent)
+{
+    long depth = 0;
+    if (parent != NULL && PyLong_CheckExact(parent)) {
+        depth = -1 - PyLong_AsLong(parent);
+    } else {
+        while (parent != NULL && parent != Py_None) {
+            if (Py_IS_TYPE(parent, &SpanType)) {
+                parent = ((SpanObject *)parent)->parent;
+            } else if (Py_IS_TYPE(parent, &CollectiveType)) {
+                parent = ((CollectiveObject *)parent)->parent;
+            } else {
+                PyErr_SetString(PyExc_TypeError, "a parent of another kind");
+                return NULL;
+            }
+            depth++;
+        }
+    }
+    PyObject *number = PyLong_FromLong(depth);
+    if (number == NULL) {
+        return NULL;
+    }
+    PyObject *key = PyTuple_Pack(2, ((ThreadStateObject *)thread_object)->base, number);
+    Py_DECREF(number);
+    return key;
+}
+
+typedef struct {
+    PyObject *ids, *track_ids, *codes, *intern, *track_id, *encode_one;
+} Encoder;
+
+/* One C context's record into `out`; -1 with an error set where a field is invalid or missing. */
+static int
+pack_context(Encoder *encoder, PyObject *item, unsigned char *out)
+{
+    PyObject *name, *category, *step, *layer, *nbytes, *parent, *thread, *group = NULL, *seq = NULL;
+    long long start, end;
+    if (Py_IS_TYPE(item, &SpanType)) {
+        SpanObject *span = (SpanObject *)item;
+        name = span->name, category = span->category, step = span->step, layer = span->layer;
+        nbytes = span->nbytes, parent = span->parent, thread = span->thread;
+        start = span->start_ns, end = span->end_ns;
+    } else {
+        CollectiveObject *collective = (CollectiveObject *)item;
+        name = collective->name, category = collective->hub->comm, step = collective->step, layer = NULL;
+        nbytes = collective->nbytes, parent = collective->parent, thread = collective->thread;
+        group = collective->group, seq = collective->seq;
+        start = collective->start_ns, end = collective->end_ns;
+    }
+    if (thread == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "never entered");
+        return -1;
+    }
+    PyObject *code_object = PyDict_GetItemWithError(encoder->codes, category);
+    if (code_object == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetObject(PyExc_KeyError, category);
+        }
+        return -1;
+    }
+    long code = PyLong_AsLong(code_object);
+    unsigned long long name_id, track, group_id = NO_STRING;
+    long long step_value, layer_value, seq_value, nbytes_value;
+    if (code == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    /* Strings are interned in encode_one's order (group, track, name), so both write the same string table. */
+    if (group != NULL && string_id(encoder->ids, encoder->intern, group, &group_id) < 0) {
+        return -1;
+    }
+    PyObject *key = track_key_of(thread, parent);
+    if (key == NULL) {
+        return -1;
+    }
+    PyObject *found = PyDict_GetItemWithError(encoder->track_ids, key);
+    Py_DECREF(key);
+    PyObject *made = NULL;
+    if (found == NULL) {
+        if (PyErr_Occurred()) {
+            return -1;
+        }
+        found = made = PyObject_CallOneArg(encoder->track_id, item); /* the encoder names and caches it */
+        if (made == NULL) {
+            return -1;
+        }
+    }
+    track = PyLong_AsUnsignedLongLong(found);
+    Py_XDECREF(made);
+    if ((track == (unsigned long long)-1 && PyErr_Occurred()) ||
+        string_id(encoder->ids, encoder->intern, name, &name_id) < 0 ||
+        optional_field(step, INT64_MIN, INT64_MAX, NONE_I64, &step_value) < 0 ||
+        optional_field(layer, INT32_MIN, INT32_MAX, NONE_I32, &layer_value) < 0 ||
+        optional_field(seq, INT64_MIN, INT64_MAX, NONE_I64, &seq_value) < 0 ||
+        optional_field(nbytes, INT64_MIN, INT64_MAX, NONE_I64, &nbytes_value) < 0) {
+        return -1;
+    }
+    out = put_le(out, TAG_SPAN, 1);
+    out = put_le(out, (unsigned long long)code, 1);
+    out = put_le(out, name_id, 4);
+    out = put_le(out, track, 4);
+    out = put_le(out, group_id, 4);
+    out = put_le(out, (unsigned long long)start, 8);
+    out = put_le(out, (unsigned long long)end, 8);
+    out = put_le(out, (unsigned long long)step_value, 8);
+    out = put_le(out, (unsigned long long)layer_value, 4);
+    out = put_le(out, (unsigned long long)seq_value, 8);
+    put_le(out, (unsigned long long)nbytes_value, 8);
+    return 0;
+}
+
+/* Room for `more` bytes after `used`. */
+static int
+reserve(unsigned char **buffer, Py_ssize_t *capacity, Py_ssize_t used, Py_ssize_t more)
+{
+    if (used + more <= *capacity) {
+        return 0;
+    }
+    Py_ssize_t grown = (used + more) * 2;
+    unsigned char *larger = PyMem_Realloc(*buffer, (size_t)grown);
+    if (larger == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *buffer = larger;
+    *capacity = grown;
+    return 0;
+}
+
+static int
+encoder_attribute(PyObject *encoder, const char *name, PyObject **out)
+{
+    *out = PyObject_GetAttrString(encoder, name);
+    return *out == NULL ? -1 : 0;
+}
+
+/* pack_records(items, encoder) -> bytes: the records of a batch, in order. The C contexts are packed here; every
+ * other item (spans timed elsewhere, Python contexts) and any C context with an invalid field go through
+ * encoder.encode_one, the Python reference, which also warns about what it drops. */
+static PyObject *
+pack_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "pack_records(items: list, encoder)");
+        return NULL;
+    }
+    PyObject *items = args[0], *encoder_object = args[1], *result = NULL;
+    Encoder encoder = {NULL};
+    if (encoder_attribute(encoder_object, "_ids", &encoder.ids) < 0 ||
+        encoder_attribute(encoder_object, "_track_ids", &encoder.track_ids) < 0 ||
+        encoder_attribute(encoder_object, "_codes", &encoder.codes) < 0 ||
+        encoder_attribute(encoder_object, "_intern", &encoder.intern) < 0 ||
+        encoder_attribute(encoder_object, "_track_id", &encoder.track_id) < 0 ||
+        encoder_attribute(encoder_object, "encode_one", &encoder.encode_one) < 0) {
+        goto done;
+    }
+    if (!PyDict_Check(encoder.ids) || !PyDict_Check(encoder.track_ids) || !PyDict_Check(encoder.codes)) {
+        PyErr_SetString(PyExc_TypeError, "the encoder's tables are not dicts");
+        goto done;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(items), capacity = count * SPAN_RECORD_BYTES, used = 0;
+    unsigned char *buffer = PyMem_Malloc(capacity > 0 ? (size_t)capacity : 1);
+    if (buffer == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (Py_IS_TYPE(item, &SpanType) || Py_IS_TYPE(item, &CollectiveType)) {
+            if (reserve(&buffer, &capacity, used, SPAN_RECORD_BYTES) < 0) {
+                PyMem_Free(buffer);
+                goto done;
+            }
+            if (pack_context(&encoder, item, buffer + used) == 0) {
+                used += SPAN_RECORD_BYTES;
+                continue;
+            }
+            PyErr_Clear(); /* encode_one meets the same problem and reports it */
+        }
+        Py_INCREF(item);
+        PyObject *record = PyObject_CallOneArg(encoder.encode_one, item);
+        Py_DECREF(item);
+        if (record == NULL || !PyBytes_Check(record)) {
+            if (record != NULL) {
+                PyErr_SetString(PyExc_TypeError, "encode_one() must return bytes");
+            }
+            Py_XDECREF(record);
+            PyMem_Free(buffer);
+            goto done;
+        }
+        Py_ssize_t size = PyBytes_GET_SIZE(record);
+        if (reserve(&buffer, &capacity, used, size) < 0) {
+            Py_DECREF(record);
+            PyMem_Free(buffer);
+            goto done;
+        }
+        memcpy(buffer + used, PyBytes_AS_STRING(record), (size_t)size);
+        used += size;
+        Py_DECREF(record);
+    }
+    result = PyBytes_FromStringAndSize((const char *)buffer, used);
+    PyMem_Free(buffer);
+done:
+    Py_XDECREF(encoder.ids);
+    Py_XDECREF(encoder.track_ids);
+    Py_XDECREF(encoder.codes);
+    Py_XDECREF(encoder.intern);
+    Py_XDECREF(encoder.track_id);
+    Py_XDECREF(encoder.encode_one);
+    return result;
+}
+
 /* ---- Hub's methods and type --------------------------------------------------------------------------------- */
 
 static PyMethodDef hub_methods[] = {
@@ -932,6 +1213,8 @@ monotonic_ns_function(PyObject *module, PyObject *unused)
 
 static PyMethodDef module_methods[] = {
     {"monotonic_ns", monotonic_ns_function, METH_NOARGS, "the clock the contexts read (time.monotonic_ns's)"},
+    {"pack_records", (PyCFunction)(void (*)(void))pack_records, METH_FASTCALL,
+     "pack_records(items, encoder) -> bytes: a batch's span records (trace_writer.SpanEncoder)"},
     {NULL},
 };
 

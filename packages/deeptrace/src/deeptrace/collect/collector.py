@@ -168,7 +168,7 @@ class Collector:
         if trace:
             layout.trace_dir(self.run_dir).mkdir(parents=True, exist_ok=True)
             self._set_aside_previous_attempt()
-            self._writer = TraceFileWriter(layout.trace_path(self.run_dir, rank), rank, world_size)
+            self._writer = TraceFileWriter(layout.trace_path(self.run_dir, rank), rank, world_size, self._native)
             self._write_clock()
         self._live.thread_id = self._main_ident
         self._stack_dump = StackDump.install(self.run_dir, rank, stack_signal)

@@ -13,6 +13,7 @@ import struct
 import threading
 import warnings
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, TypeAlias, cast
 
 from deeptrace.collect import trace_format as fmt
@@ -33,7 +34,9 @@ NATIVE_COLLECTIVE: type = CollectiveContext if _native is None else _native.Coll
 class SpanEncoder:
     """Turns buffered spans into file bytes; owns the file's string table (used by one thread only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, native: ModuleType | None = None) -> None:
+        self._native = native  # the C module packs its own contexts (pack_records); None: all in Python
+        self._codes = fmt.CATEGORY_CODES
         self._ids: dict[str, int] = {}
         self._new: list[tuple[int, str]] = []
         self._track_ids: dict[tuple[str, int], int] = {}  # per (thread, depth or -1 - lane)
@@ -54,65 +57,62 @@ class SpanEncoder:
         return track_id
 
     def encode(self, items: list[BufferItem]) -> bytes:
-        # The writer thread's loop: locals, inlined dict lookups and type identity, as it runs once per span.
-        pack, codes, intern, ids, track_id_of = (
-            fmt.SPAN.pack,
-            fmt.CATEGORY_CODES,
-            self._intern,
-            self._ids,
-            self._track_id,
-        )
-        tag, none32, none64, no_string = fmt.TAG_SPAN, fmt.NONE_I32, fmt.NONE_I64, fmt.NO_STRING
-        records = []
-        for item in items:
-            try:
-                kind = type(item)
-                if kind is SpanContext or kind is NATIVE_SPAN:
-                    item = cast(SpanContext, item)
-                    name, category, start, end = item.name, item.category, item.start_ns, item.end_ns
-                    step, layer, nbytes, group_id, seq = item.step, item.layer, item.nbytes, no_string, None
-                    track_id = track_id_of(item)
-                elif kind is CollectiveContext or kind is NATIVE_COLLECTIVE:
-                    item = cast(CollectiveContext, item)
-                    name, category, start, end = item.name, item.category, item.start_ns, item.end_ns
-                    step, layer, nbytes, group_id, seq = item.step, None, item.nbytes, intern(item.group), item.seq
-                    track_id = track_id_of(item)
-                else:
-                    raw = cast(RawSpan, item)  # what remains: spans timed elsewhere (record, step windows)
-                    name, category, start, end, track, step, layer, nbytes, group, seq = raw
-                    track_id = intern(track)
-                    group_id = no_string if group is None else intern(group)
-                name_id = ids.get(name)
-                if name_id is None:
-                    name_id = intern(name)
-                records.append(
-                    pack(
-                        tag,
-                        codes[category],
-                        name_id,
-                        track_id,
-                        group_id,
-                        start,
-                        end,
-                        none64 if step is None else step,
-                        none32 if layer is None else layer,
-                        none64 if seq is None else seq,
-                        none64 if nbytes is None else nbytes,
-                    )
-                )
-            except (struct.error, TypeError, KeyError, AttributeError) as error:
-                # A field out of range or of the wrong type: drop this span, keep the others.
-                warnings.warn(f"deeptrace: a span was dropped, a field is invalid ({error})", stacklevel=1)
+        """A batch's bytes: the strings it defines first, then its span records in order."""
+        if self._native is not None:
+            records: bytes = self._native.pack_records(items, self)  # C contexts in C, the rest by encode_one
+        else:
+            encode_one = self.encode_one
+            records = b"".join([encode_one(item) for item in items])
         strings, self._new = self._new, []
-        return _pack_strings(strings) + b"".join(records)
+        return _pack_strings(strings) + records
+
+    def encode_one(self, item: BufferItem) -> bytes:
+        """One span's record (b"" for one with an invalid field, dropped with a warning). The reference that the C
+        packer (_hotpath.pack_records) matches, and what it hands everything else to."""
+        try:
+            kind = type(item)
+            if kind is SpanContext or kind is NATIVE_SPAN:
+                item = cast(SpanContext, item)
+                name, category, start, end = item.name, item.category, item.start_ns, item.end_ns
+                step, layer, nbytes, group_id, seq = item.step, item.layer, item.nbytes, fmt.NO_STRING, None
+                track_id = self._track_id(item)
+            elif kind is CollectiveContext or kind is NATIVE_COLLECTIVE:
+                item = cast(CollectiveContext, item)
+                name, category, start, end = item.name, item.category, item.start_ns, item.end_ns
+                step, layer, nbytes, seq = item.step, None, item.nbytes, item.seq
+                group_id = self._intern(item.group)
+                track_id = self._track_id(item)
+            else:
+                raw = cast(RawSpan, item)  # what remains: spans timed elsewhere (record, step windows)
+                name, category, start, end, track, step, layer, nbytes, group, seq = raw
+                track_id = self._intern(track)
+                group_id = fmt.NO_STRING if group is None else self._intern(group)
+            none32, none64 = fmt.NONE_I32, fmt.NONE_I64
+            return fmt.SPAN.pack(
+                fmt.TAG_SPAN,
+                self._codes[category],
+                self._intern(name),
+                track_id,
+                group_id,
+                start,
+                end,
+                none64 if step is None else step,
+                none32 if layer is None else layer,
+                none64 if seq is None else seq,
+                none64 if nbytes is None else nbytes,
+            )
+        except (struct.error, TypeError, KeyError, AttributeError) as error:
+            # A field out of range or of the wrong type: drop this span, keep the others.
+            warnings.warn(f"deeptrace: a span was dropped, a field is invalid ({error})", stacklevel=1)
+            return b""
 
 
 class TraceFileWriter:
-    def __init__(self, path: Path, rank: int, world_size: int) -> None:
+    def __init__(self, path: Path, rank: int, world_size: int, native: ModuleType | None = None) -> None:
         self.path = path
         self._file = path.open("wb", buffering=0)
         self._file.write(fmt.HEADER.pack(fmt.MAGIC, fmt.TRACE_FORMAT_VERSION, fmt.HEADER.size, rank, world_size))
-        self._encoder = SpanEncoder()
+        self._encoder = SpanEncoder(native)
         self._queue: queue.SimpleQueue[list[BufferItem] | threading.Event | None] = queue.SimpleQueue()
         self._failed = False
         self._thread = threading.Thread(target=self._run, name=f"deeptrace-trace-{rank}", daemon=True)
