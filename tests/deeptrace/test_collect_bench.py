@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+from deeptrace.collect.native import native_module
+
 from tests.conftest import REPO_ROOT
 
 
@@ -27,5 +29,10 @@ def test_collector_overhead_benchmark_prints_its_json_line() -> None:
         check=True,
     )
     figures = json.loads(result.stdout.strip().splitlines()[-1])
-    assert {"overhead_pct", "ns_per_span", "step_ms"} <= set(figures)
+    assert {"overhead_pct", "overhead_pct_paired", "ns_per_span", "step_ms"} <= set(figures)
     assert figures["ns_per_span"] > 0 and figures["spans_per_step"] == 2 * 2 * 5 + 2
+    # Where the C hot path is built (the test of test_collect_native.py makes sure it is), the Python contexts are
+    # measured in the same run.
+    if native_module() is not None:
+        assert figures["hot_path"] == "native"
+        assert figures["python_ns_per_span"] > 0 and "python_overhead_pct_paired" in figures

@@ -4,7 +4,9 @@ The step is MoE-shaped and runs real numpy matmuls: per layer, forward attention
 expert matmuls, combine (all_to_all) and a parameter all_gather, then the same backward with a reduce_scatter;
 collectives are small memory copies standing in for communication. The same list of operations runs plain and
 with every operation recorded (a span or a collective, plus step_begin/step_end), interleaved step by step in a
-new random order every round, so that the machine's drift and one variant's after-effects hit all alike.
+new random order every round, so that the machine's drift and one variant's after-effects hit all alike. Both
+steps are generated straight-line code, as a training loop is written (each `with` line carries its span's name
+and fields as literals), and differ in the instrumentation only.
 
 A third variant runs the same instrumented loop with context managers that do nothing, which separates the cost of
 instrumenting with `with` statements at all from the collector's own. Where deeptrace's C hot path is built, a
@@ -52,7 +54,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:  # imported in main(), after BLAS is limited to one thread (deeptrace loads numpy)
     from deeptrace.collect import Collector
@@ -115,9 +117,33 @@ def build_step(layers: int, tokens: int, seed: int = 0) -> list[Op]:
     return ops
 
 
-def step_plain(ops: list[Op]) -> None:
-    for op in ops:
-        op.run()
+# A step as a training loop is written: straight-line code, each span's name, category and fields literals.
+StepFunction = Callable[["Collector | BareCollector | None", list[Callable[[], object]], int], None]
+
+
+def compile_step(ops: list[Op], *, traced: bool) -> StepFunction:
+    """The step as generated straight-line code: `run[i]()` per operation, inside its `with` when traced. The plain
+    and the traced step differ in the `with` lines and step_begin/step_end only, so no bookkeeping of the
+    benchmark's own (looking up an operation's name or group) is counted as the collector's."""
+    from deeptrace.spans import Category
+
+    lines = ["def step(collector, run, step):"]
+    if traced:
+        lines.append("    collector.step_begin(step)")
+    for index, op in enumerate(ops):
+        if not traced:
+            lines.append(f"    run[{index}]()")
+            continue
+        if op.group is not None:
+            lines.append(f"    with collector.collective({op.name!r}, group={op.group!r}, nbytes={op.nbytes}):")
+        else:
+            lines.append(f"    with collector.span({op.name!r}, Category.{op.category.name}, layer={op.layer}):")
+        lines.append(f"        run[{index}]()")
+    if traced:
+        lines.append("    collector.step_end(step)")
+    namespace: dict[str, object] = {"Category": Category}
+    exec(compile("\n".join(lines), f"<{'traced' if traced else 'plain'} step>", "exec"), namespace)
+    return cast(StepFunction, namespace["step"])
 
 
 class _Bare:
@@ -152,18 +178,6 @@ class BareCollector:
 
     def flush(self, *, wait: bool = False) -> None:
         return None
-
-
-def step_traced(ops: list[Op], collector: Collector | BareCollector, step: int) -> None:
-    collector.step_begin(step)
-    for op in ops:
-        if op.group is not None:
-            with collector.collective(op.name, group=op.group, nbytes=op.nbytes):
-                op.run()
-        else:
-            with collector.span(op.name, op.category, layer=op.layer):
-                op.run()
-    collector.step_end(step)
 
 
 def make_collector(
@@ -230,10 +244,12 @@ def main() -> None:
         collectors["traced"] = make_collector(Path(tmp) / "run")
         if native:
             collectors["python"] = make_collector(Path(tmp) / "run-python", python=True)
+        runs = [op.run for op in ops]
+        step_plain, step_traced = compile_step(ops, traced=False), compile_step(ops, traced=True)
         for warmup in range(5):
-            step_plain(ops)
+            step_plain(None, runs, warmup)
             for collector in collectors.values():
-                step_traced(ops, collector, warmup)
+                step_traced(collector, runs, warmup)
         # Per step: the training thread's CPU time, the whole process's (the collector's threads included) and
         # wall time. CPU times are what other processes on a shared machine do not inflate.
         main_cpu: dict[str, list[int]] = {v: [] for v in variants}
@@ -248,9 +264,9 @@ def main() -> None:
                 start_wall, start_cpu = time.perf_counter_ns(), time.process_time_ns()
                 start_main = time.thread_time_ns()
                 if variant == "plain":
-                    step_plain(ops)
+                    step_plain(None, runs, step + 5)
                 else:
-                    step_traced(ops, collectors[variant], step + 5)
+                    step_traced(collectors[variant], runs, step + 5)
                 main_cpu[variant].append(time.thread_time_ns() - start_main)
                 wall[variant].append(time.perf_counter_ns() - start_wall)
                 # The writer thread packs the step's spans in the background. Waiting for it here keeps its work
