@@ -567,8 +567,9 @@ span_enter(SpanObject *self, PyObject *unused)
 }
 
 static PyObject *
-span_leave(SpanObject *self)
+span_leave(PyObject *object)
 {
+    SpanObject *self = (SpanObject *)object;
     if (close_on_thread((PyObject *)self, self->hub, self->thread, self->parent, &self->end_ns) < 0) {
         return NULL;
     }
@@ -578,7 +579,7 @@ span_leave(SpanObject *self)
 static PyObject *
 span_exit(SpanObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    return span_leave(self);
+    return span_leave((PyObject *)self);
 }
 
 static PyObject *
@@ -592,26 +593,39 @@ call_then_self(PyObject *function, PyObject *self)
     return Py_NewRef(self);
 }
 
+/* begin() of either context: entered (the result of its enter), then onto a lane (contexts.take_lane). */
 static PyObject *
-span_begin(SpanObject *self, PyObject *unused)
+begin_context(PyObject *self, HubObject *hub, PyObject *entered)
 {
-    PyObject *entered = span_enter(self, NULL);
     if (entered == NULL) {
         return NULL;
     }
     Py_DECREF(entered);
-    return call_then_self(self->hub->take_lane, (PyObject *)self);
+    return call_then_self(hub->take_lane, self);
+}
+
+/* end() of either context: its lane freed (contexts.free_lane refuses one never begun), then left. */
+static PyObject *
+end_context(PyObject *self, HubObject *hub, PyObject *(*leave)(PyObject *))
+{
+    PyObject *freed = call_then_self(hub->free_lane, self);
+    if (freed == NULL) {
+        return NULL;
+    }
+    Py_DECREF(freed);
+    return leave(self);
+}
+
+static PyObject *
+span_begin(SpanObject *self, PyObject *unused)
+{
+    return begin_context((PyObject *)self, self->hub, span_enter(self, NULL));
 }
 
 static PyObject *
 span_end(SpanObject *self, PyObject *unused)
 {
-    PyObject *freed = call_then_self(self->hub->free_lane, (PyObject *)self);
-    if (freed == NULL) {
-        return NULL;
-    }
-    Py_DECREF(freed);
-    return span_leave(self);
+    return end_context((PyObject *)self, self->hub, span_leave);
 }
 
 static PyObject *
@@ -809,8 +823,9 @@ collective_enter(CollectiveObject *self, PyObject *unused)
 }
 
 static PyObject *
-collective_leave(CollectiveObject *self)
+collective_leave(PyObject *object)
 {
+    CollectiveObject *self = (CollectiveObject *)object;
     if (close_on_thread((PyObject *)self, self->hub, self->thread, self->parent, &self->end_ns) < 0) {
         return NULL;
     }
@@ -822,29 +837,19 @@ collective_leave(CollectiveObject *self)
 static PyObject *
 collective_exit(CollectiveObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    return collective_leave(self);
+    return collective_leave((PyObject *)self);
 }
 
 static PyObject *
 collective_begin(CollectiveObject *self, PyObject *unused)
 {
-    PyObject *entered = collective_enter(self, NULL);
-    if (entered == NULL) {
-        return NULL;
-    }
-    Py_DECREF(entered);
-    return call_then_self(self->hub->take_lane, (PyObject *)self);
+    return begin_context((PyObject *)self, self->hub, collective_enter(self, NULL));
 }
 
 static PyObject *
 collective_end(CollectiveObject *self, PyObject *unused)
 {
-    PyObject *freed = call_then_self(self->hub->free_lane, (PyObject *)self);
-    if (freed == NULL) {
-        return NULL;
-    }
-    Py_DECREF(freed);
-    return collective_leave(self);
+    return end_context((PyObject *)self, self->hub, collective_leave);
 }
 
 static PyObject *
