@@ -35,13 +35,19 @@ class NativeHotPathHook(BuildHookInterface):  # type: ignore[type-arg]
         if version == "editable":
             target = source.with_name(name)
         else:
-            target = Path(tempfile.mkdtemp(prefix="deeptrace-native-")) / name
+            self._scratch = Path(tempfile.mkdtemp(prefix="deeptrace-native-"))  # removed in finalize
+            target = self._scratch / name
         if not self._compile(source, target):
             return
         if version != "editable":
             build_data["force_include"][str(target)] = f"{PACKAGE_DIR}/{name}"
         build_data["pure_python"] = False
         build_data["infer_tag"] = True
+
+    def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
+        scratch = getattr(self, "_scratch", None)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def _compile(self, source: Path, target: Path) -> bool:
         compiler = shlex.split(os.environ.get("CC") or str(sysconfig.get_config_var("CC") or "cc"))

@@ -2,7 +2,7 @@
 references, calls checked like the Python methods, and a wheel that carries it (or, without it, still works).
 
 The collector's behaviour tests (test_collect_trace.py, test_collect_nesting_tracks.py, test_heartbeat.py) run on
-both hot paths; this file holds what only concerns the C one.
+both hot paths; this file holds what only concerns the C one (the `native` fixture is in conftest.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 from deeptrace.collect import Collector, read_trace
-from deeptrace.collect.native import HOT_PATH_ENV, native_chosen, native_module
+from deeptrace.collect.native import HOT_PATH_ENV, native_chosen
 from deeptrace.collect.trace_writer import SpanEncoder
 from deeptrace.rundir import Heartbeat, layout, read_heartbeats
 from deeptrace.spans import Category
@@ -29,17 +29,6 @@ from deeptrace.spans import Category
 from tests.conftest import REPO_ROOT
 
 DEEPTRACE = REPO_ROOT / "packages/deeptrace"
-
-
-@pytest.fixture
-def native(monkeypatch: pytest.MonkeyPatch) -> Any:
-    module = native_module()
-    if module is None:
-        if shutil.which("cc") is None:
-            pytest.skip("no C compiler: deeptrace's C hot path cannot be built here")
-        pytest.fail("deeptrace's C hot path is not built although `cc` exists: reinstall deeptrace (uv sync)")
-    monkeypatch.delenv(HOT_PATH_ENV, raising=False)
-    return module
 
 
 def test_the_c_hot_path_is_built_and_chosen_by_default(native: Any, tmp_path: Path) -> None:

@@ -1210,14 +1210,7 @@ static PyTypeObject HubType = {
     .tp_getset = hub_getset,
 };
 
-static PyObject *
-monotonic_ns_function(PyObject *module, PyObject *unused)
-{
-    return PyLong_FromLongLong(monotonic_now_ns());
-}
-
 static PyMethodDef module_methods[] = {
-    {"monotonic_ns", monotonic_ns_function, METH_NOARGS, "the clock the contexts read (time.monotonic_ns's)"},
     {"pack_records", (PyCFunction)(void (*)(void))pack_records, METH_FASTCALL,
      "pack_records(items, encoder) -> bytes: a batch's span records (trace_writer.SpanEncoder)"},
     {NULL},
