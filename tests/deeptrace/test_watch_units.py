@@ -243,3 +243,38 @@ def test_ranks_that_waited_for_a_late_arrival_are_not_stuck_until_the_last_one_h
     finally:
         early.close()
         late.close()
+
+
+def test_a_rank_whose_heartbeat_still_shows_a_collective_the_others_have_left_is_not_stuck(tmp_path: Path) -> None:
+    # Rank 1's heartbeat was last written inside the all-reduce (its writer thread has not run since); rank 0
+    # progresses. Before rank 0 has reached that all-reduce, rank 1 really waits for it: a hang. Once rank 0 has
+    # left it, the collective completed, so rank 1 cannot still be inside: its heartbeat is behind, not the rank.
+    from deeptrace.watch.status import judge
+
+    behind = Collector(tmp_path, 1, 2, heartbeat_interval_s=None, trace=False)
+    ahead = Collector(tmp_path, 0, 2, heartbeat_interval_s=None, trace=False)
+    try:
+        for collector in (behind, ahead):
+            collector.step_begin(3)
+        inside = behind.collective("all_reduce").begin()
+        time.sleep(1.5)
+        behind.write_heartbeat()  # its last write: inside the all-reduce for 1.5 s, longer than the threshold
+        ahead.step_end(3)
+        ahead.step_begin(4)
+        ahead.write_heartbeat()
+        before = judge(tmp_path, {}, threshold_s=1.0, now=time.time())
+        assert before.overall == "hung", before
+
+        with ahead.collective("all_reduce"):
+            pass
+        ahead.step_end(4)
+        ahead.step_begin(5)
+        ahead.write_heartbeat()
+        after = judge(tmp_path, {}, threshold_s=1.0, now=time.time())
+        assert after.overall != "hung", after
+        view = {view.rank: view for view in after.ranks}[1]
+        assert view.state == "progressing" and "heartbeat behind" in view.note, view
+        inside.end()
+    finally:
+        behind.close()
+        ahead.close()

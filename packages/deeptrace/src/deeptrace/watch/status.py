@@ -68,11 +68,11 @@ def judge(
     report = diagnose_hang(run_dir, now_wall=now, stall_after_s=threshold_s)
     in_phase = {r for r, hb in heartbeats.items() if hb.phase is not None and hb.state == "running"}
     slow_ranks = find_slow(traces, slow or SlowConfig())
-    last_arrival = _last_arrivals(heartbeats)
+    last_arrival, furthest_left = _last_arrivals(heartbeats), _furthest_left(heartbeats)
     views = [
         _view(
             r, hb, report=report, in_phase=in_phase, slow=slow_ranks, now=now, threshold_s=threshold_s,
-            last_arrival=last_arrival,
+            last_arrival=last_arrival, furthest_left=furthest_left,
         )
         for r, hb in heartbeats.items()
     ]  # fmt: skip
@@ -105,6 +105,7 @@ def _view(  # noqa: PLR0911  # one return per state, in the order the states tak
     now: float,
     threshold_s: float,
     last_arrival: dict[tuple[str, int], float],
+    furthest_left: dict[str, int],
 ) -> RankView:
     idle = max(0.0, now - hb.last_event_wall_s)
     state_of = report.ranks.get(rank) if report is not None else None
@@ -130,6 +131,11 @@ def _view(  # noqa: PLR0911  # one return per state, in the order the states tak
         # for): the wait that counts starts at that arrival, not at this rank's own.
         since = now - last_arrival[(inside.group, inside.seq)]
         return RankView(rank, "waiting", hb.step, where, idle, f"the last rank entered {inside.name} {since:.1f} s ago")
+    if stopped and inside is not None and furthest_left.get(inside.group, -1) >= inside.seq:
+        # Another rank has left this very collective, so it completed: this rank's heartbeat is behind (its writer
+        # thread has not run since), not the rank. Seen just after a long phase, when the others' steps run fast.
+        return RankView(rank, "progressing", hb.step, where, idle,
+                        f"heartbeat behind: other ranks have left {inside.name} (seq {inside.seq})")  # fmt: skip
     if stopped:
         assert state_of is not None
         return RankView(rank, "gone" if state_of.status == "gone" else "stuck", hb.step, where, idle,
@@ -147,6 +153,16 @@ def _last_arrivals(heartbeats: dict[int, Heartbeat]) -> dict[tuple[str, int], fl
             key = (inside.group, inside.seq)
             latest[key] = max(latest.get(key, inside.wall_s), inside.wall_s)
     return latest
+
+
+def _furthest_left(heartbeats: dict[int, Heartbeat]) -> dict[str, int]:
+    """For each group, the highest sequence number some rank has left."""
+    furthest: dict[str, int] = {}
+    for hb in heartbeats.values():
+        for group, (_entered, left) in hb.groups.items():
+            if left is not None:
+                furthest[group] = max(furthest.get(group, left), left)
+    return furthest
 
 
 def _where(hb: Heartbeat) -> str:
