@@ -31,6 +31,8 @@ def test_collector_overhead_benchmark_prints_its_json_line() -> None:
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert {"overhead_pct", "overhead_pct_paired", "ns_per_span", "step_ms"} <= set(figures)
     assert figures["ns_per_span"] > 0 and figures["spans_per_step"] == 2 * 2 * 5 + 2
+    low, high = figures["overhead_pct_paired_ci95"]
+    assert low <= figures["overhead_pct_paired"] <= high
     # Where the C hot path is built (the test of test_collect_native.py makes sure it is), the Python contexts are
     # measured in the same run.
     if native_module() is not None:

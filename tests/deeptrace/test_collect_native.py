@@ -7,6 +7,7 @@ both hot paths; this file holds what only concerns the C one (the `native` fixtu
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import shutil
@@ -179,6 +180,32 @@ def test_calls_are_checked_like_the_python_methods(native: Any, tmp_path: Path) 
             collector.collective("all_gather").end()
         with pytest.raises(TypeError):
             collective("all_gather", seq="one").__enter__()
+
+
+def test_a_with_block_binds_enter_and_exit_to_the_context_itself(native: Any, tmp_path: Path) -> None:
+    """No bound method per `with`: __enter__ and __exit__ bind to the context, which enters when called with no
+    argument and leaves with the three exception arguments; the unbound forms (contextlib.ExitStack's) still work."""
+    with Collector(tmp_path, 0, 1, heartbeat_interval_s=None) as collector:
+        span, collective = collector.span("forward", Category.COMPUTE), collector.collective("all_gather")
+        for context in (span, collective):
+            assert context.__enter__ is context and context.__exit__ is context
+        with contextlib.ExitStack() as stack:
+            assert stack.enter_context(span) is span
+            assert stack.enter_context(collective) is collective
+            assert span.start_ns and collective.start_ns and not collective.end_ns
+        assert span.end_ns >= collective.end_ns > 0
+        assert collective.parent is span  # entered inside it, through the unbound __enter__
+        with pytest.raises(KeyError, match="raised inside"), collector.span("failing", Category.COMPUTE) as failing:
+            raise KeyError("raised inside")  # __exit__ does not swallow it
+        assert failing.end_ns > 0
+        with pytest.raises(TypeError, match=r"SpanContext is entered and left by a `with` statement"):
+            collector.span("forward", Category.COMPUTE)(1)
+        with pytest.raises(TypeError, match=r"__enter__\(context\) of a span or collective context"):
+            type(span).__enter__(object())
+        with pytest.raises(TypeError, match=r"__exit__\(context, exc_type, exc, tb\)"):
+            type(collective).__exit__(collective)
+    names = [s.name for s in read_trace(layout.trace_path(tmp_path, 0))]
+    assert sorted(names) == ["all_gather", "failing", "forward"]
 
 
 def test_an_unknown_hot_path_choice_is_refused_by_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

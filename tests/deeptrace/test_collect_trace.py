@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from deeptrace.collect import STEP_SPAN_NAME, STEP_TRACK, Collector, read_trace, trace_paths
@@ -189,6 +190,34 @@ def test_begin_and_end_where_a_with_block_does_not_fit(tmp_path: Path) -> None:
     for same in by_track.values():  # never two overlapping spans on one track
         same.sort(key=lambda s: s.start_ns)
         assert all(a.end_ns <= b.start_ns for a, b in itertools.pairwise(same))
+
+
+class _NoticedName(str):
+    """A span name that notes which thread frees it (it dies with the last span that holds it)."""
+
+    freed_on: ClassVar[list[int]] = []
+
+    def __del__(self) -> None:
+        self.freed_on.append(threading.get_ident())
+
+
+def test_written_spans_are_freed_by_the_thread_that_recorded_them(tmp_path: Path) -> None:
+    """The writer thread packs a batch and hands it back: freeing it there would write, from another core, to the
+    objects the training thread's next spans use (names, categories, the allocator's free lists)."""
+    with Collector(tmp_path, 0, 1, heartbeat_interval_s=None) as collector:
+        for step in range(4):
+            _NoticedName.freed_on.clear()
+            collector.step_begin(step)
+            # Equal names, new objects each step: the string table keeps the first step's, later ones die with
+            # their spans.
+            with collector.span(_NoticedName("forward"), Category.COMPUTE):
+                pass
+            with collector.collective(_NoticedName("all_gather"), group="dp"):
+                pass
+            collector.step_end(step)
+            collector.flush(wait=True)  # written, and still alive until this thread's next flush
+            assert _NoticedName.freed_on == ([] if step < 2 else [threading.get_ident()] * 2)
+    assert [span.name for span in _spans(tmp_path) if span.track != STEP_TRACK] == ["forward", "all_gather"] * 4
 
 
 def test_a_span_context_records_one_span_only(tmp_path: Path) -> None:

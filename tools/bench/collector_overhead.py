@@ -21,9 +21,11 @@ Prints one JSON line:
                          step, so that its work counts here and not in the next step): the cost where the
                          machine has no idle core for them
   overhead_pct_wall      the same from wall time (noisy where the machine is shared)
-  overhead_pct_paired    the median over step triples of traced / plain - 1 (each traced step against the plain
-                         step run next to it): less moved by load that changes during the run than the ratio of
+  overhead_pct_paired    the median over rounds of traced / plain - 1 (each traced step against the plain step
+                         of the same round): less moved by load that changes during the run than the ratio of
                          the two medians; where the two disagree by more than a few tenths, the machine was busy
+  overhead_pct_paired_ci95  a 95 % bootstrap interval of that median (2,000 resamples of the rounds): how far one
+                         run's figure can be trusted; a target is shown met by a run whose upper end is under it
   load_avg_1m            the machine's 1-minute load average before and after the measurement: per-span costs
                          are cache misses, and other processes' work makes them dearer, so figures taken on a busy
                          machine are higher than on an idle one (several times so on the 2-core development VM
@@ -221,6 +223,13 @@ def ns_per_span(run_dir: Path, count: int = 200_000, *, python: bool = False) ->
     return main / count, elapsed / count
 
 
+def median_ci95(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A percentile-bootstrap 95 % interval of the median of `values`."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=100, help="measured step triples")
@@ -289,9 +298,11 @@ def main() -> None:
     load_after = os.getloadavg()[0]
     spans_per_step = len(ops) + 1  # the step window too
 
+    def paired_ratios(variant: str) -> list[float]:
+        return [traced / plain - 1 for traced, plain in zip(main_cpu[variant], main_cpu["plain"], strict=True)]
+
     def paired(variant: str) -> float:
-        ratios = [traced / plain - 1 for traced, plain in zip(main_cpu[variant], main_cpu["plain"], strict=True)]
-        return round(100 * statistics.median(ratios), 3)
+        return round(100 * statistics.median(paired_ratios(variant)), 3)
 
     step_cpu_ns = statistics.median(main_cpu["plain"])
     result = {
@@ -299,6 +310,7 @@ def main() -> None:
         "overhead_pct_process_cpu": overhead(cpu),
         "overhead_pct_wall": overhead(wall),
         "overhead_pct_paired": paired("traced"),
+        "overhead_pct_paired_ci95": [round(100 * end, 3) for end in median_ci95(paired_ratios("traced"))],
         "bare_with_pct": overhead(main_cpu, "bare"),
         "collector_beyond_bare_pct": overhead(main_cpu, "traced", "bare"),
         "overhead_pct_estimate": round(100 * spans_per_step * per_span_main / step_cpu_ns, 3),

@@ -320,6 +320,7 @@ class Collector:
             self._live.note_progress_in(items)
             if self._writer is None or self._closed or os.getpid() != self._pid:
                 return
+            self._writer.release_written()
             if items:
                 self._writer.submit(items)
         if wait:

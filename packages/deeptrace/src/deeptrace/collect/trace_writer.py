@@ -3,7 +3,8 @@
 The collector hands over its buffer (finished span contexts and raw spans) at step end; this thread gives names,
 tracks and groups their string ids, packs the records and appends them, string definitions first. Training code
 spends most of its time in calls that release the GIL (GPU waits, collectives, BLAS), so this work usually
-costs the training thread nothing. Batches are written in the order handed over.
+costs the training thread nothing. Batches are written in the order handed over, and handed back to be freed
+by the thread that recorded them (`release_written`).
 """
 
 from __future__ import annotations
@@ -115,11 +116,20 @@ class TraceFileWriter:
         self._encoder = SpanEncoder(native)
         self._queue: queue.SimpleQueue[list[BufferItem] | threading.Event | None] = queue.SimpleQueue()
         self._failed = False
+        # Batches packed and written, kept for the recording thread to free (release_written): freeing a span
+        # writes to everything it refers to (its name, category and step objects, the collector's objects) and to
+        # the allocator's lists that the next spans are taken from. Done here, on another core, every one of those
+        # cache lines would move over to this thread and back to the training thread at its next spans.
+        self._written: list[list[BufferItem]] = []
         self._thread = threading.Thread(target=self._run, name=f"deeptrace-trace-{rank}", daemon=True)
         self._thread.start()
 
     def submit(self, batch: list[BufferItem]) -> None:
         self._queue.put(batch)
+
+    def release_written(self) -> None:
+        """Free the batches written so far, on the calling thread (the one that recorded them)."""
+        self._written = []  # a batch appended meanwhile to the old list is freed with it, or by this thread
 
     def wait(self) -> None:
         """Return once every batch submitted so far is on disk."""
@@ -141,6 +151,8 @@ class TraceFileWriter:
                 item.set()
                 continue
             data = self._encoder.encode(item)
+            self._written.append(item)
+            del item
             try:
                 self._file.write(data)
             except OSError as exc:
