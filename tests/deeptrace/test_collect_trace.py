@@ -74,6 +74,23 @@ def test_sequence_numbers_count_per_group_and_explicit_ones_are_kept(tmp_path: P
     assert got == [("dp", 0), ("ep", 0), ("dp", 1), ("dp", 2), ("ep", 1), ("dp", 100), ("dp", 101)]
 
 
+def test_sequence_numbers_stay_per_group_with_more_groups_than_are_cached_and_names_made_at_run_time(
+    tmp_path: Path,
+) -> None:
+    """The C hub remembers the last few groups by object identity: more groups than it keeps, and equal group names
+    that are different objects (built at run time), must still count on one counter per group name."""
+    groups = [f"g{index}" for index in range(7)]
+    expected: list[tuple[str, int]] = []
+    with Collector(tmp_path, 0, 1, heartbeat_interval_s=None) as collector:
+        for round_index in range(3):
+            for index, group in enumerate(groups):
+                name = group if (index + round_index) % 2 else "".join(["g", str(index)])  # a new, equal str
+                with collector.collective("all_reduce", group=name):
+                    pass
+                expected.append((group, round_index))
+    assert [(s.group, s.seq) for s in _spans(tmp_path)] == expected
+
+
 def test_step_end_makes_the_step_readable_while_the_collector_runs(tmp_path: Path) -> None:
     collector = Collector(tmp_path, 0, 1, heartbeat_interval_s=None)
     collector.step_begin(0)

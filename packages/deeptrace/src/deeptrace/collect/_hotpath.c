@@ -223,6 +223,7 @@ static PyTypeObject GroupMarksType = {
 /* ---- Hub: one collector's state for its contexts ------------------------------------------------------------ */
 
 #define MAX_KNOWN 16 /* categories compared by identity (spans.Category has 8) */
+#define GROUP_CACHE 4
 
 typedef struct {
     PyObject_HEAD
@@ -243,6 +244,12 @@ typedef struct {
     PyObject *free_lane;       /* (context) -> None: end() */
     PyObject *reused;          /* (name) -> exception: a context entered twice */
     PyObject *unknown_category;/* (category) -> exception */
+    /* The marks of the groups used last, by the identity of the group object a call site passes (a literal, the
+     * same object every time): found without hashing into `groups`, whose table is cold inside a step. Strong
+     * references, so that an address is never reused by another group while cached. */
+    PyObject *group_keys[GROUP_CACHE];
+    PyObject *group_marks[GROUP_CACHE];
+    int group_next;
 } HubObject;
 
 static PyTypeObject HubType, SpanType, CollectiveType;
@@ -301,6 +308,10 @@ hub_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->free_lane = Py_NewRef(free_lane);
     self->reused = Py_NewRef(reused);
     self->unknown_category = Py_NewRef(unknown_category);
+    for (int i = 0; i < GROUP_CACHE; i++) {
+        self->group_keys[i] = self->group_marks[i] = NULL;
+    }
+    self->group_next = 0;
     PyObject_GC_Track(self);
     return (PyObject *)self;
 }
@@ -321,6 +332,10 @@ hub_traverse(HubObject *self, visitproc visit, void *arg)
     Py_VISIT(self->free_lane);
     Py_VISIT(self->reused);
     Py_VISIT(self->unknown_category);
+    for (int i = 0; i < GROUP_CACHE; i++) {
+        Py_VISIT(self->group_keys[i]);
+        Py_VISIT(self->group_marks[i]);
+    }
     return 0;
 }
 
@@ -340,6 +355,10 @@ hub_clear(HubObject *self)
     Py_CLEAR(self->free_lane);
     Py_CLEAR(self->reused);
     Py_CLEAR(self->unknown_category);
+    for (int i = 0; i < GROUP_CACHE; i++) {
+        Py_CLEAR(self->group_keys[i]);
+        Py_CLEAR(self->group_marks[i]);
+    }
     return 0;
 }
 
@@ -717,7 +736,9 @@ typedef struct {
     HubObject *hub;
     PyObject *name;
     PyObject *group;
-    PyObject *seq;      /* None until entered unless given */
+    PyObject *given_seq; /* the seq argument: None takes the group's next number at entry */
+    Py_ssize_t seq;      /* the sequence number, once entered (an int object only when read) */
+    int has_seq;
     PyObject *marks;    /* NULL until entered */
     PyObject *step;
     PyObject *nbytes;
@@ -759,7 +780,9 @@ hub_collective(HubObject *hub, PyObject *const *args, Py_ssize_t nargs, PyObject
     self->hub = (HubObject *)Py_NewRef(hub);
     self->name = Py_NewRef(args[0]);
     self->group = Py_NewRef(group);
-    self->seq = Py_NewRef(seq);
+    self->given_seq = Py_NewRef(seq);
+    self->seq = 0;
+    self->has_seq = 0;
     self->marks = NULL;
     self->step = Py_NewRef(step == Py_None ? hub->step : step);
     self->nbytes = Py_NewRef(nbytes);
@@ -778,7 +801,7 @@ collective_traverse(CollectiveObject *self, visitproc visit, void *arg)
     Py_VISIT(self->hub);
     Py_VISIT(self->name);
     Py_VISIT(self->group);
-    Py_VISIT(self->seq);
+    Py_VISIT(self->given_seq);
     Py_VISIT(self->marks);
     Py_VISIT(self->step);
     Py_VISIT(self->nbytes);
@@ -793,7 +816,7 @@ collective_clear(CollectiveObject *self)
     Py_CLEAR(self->hub);
     Py_CLEAR(self->name);
     Py_CLEAR(self->group);
-    Py_CLEAR(self->seq);
+    Py_CLEAR(self->given_seq);
     Py_CLEAR(self->marks);
     Py_CLEAR(self->step);
     Py_CLEAR(self->nbytes);
@@ -810,6 +833,38 @@ collective_dealloc(CollectiveObject *self)
     PyObject_GC_Del(self);
 }
 
+/* The marks of a group (a new reference): its sequence counter and the heartbeat's record of it at once. */
+static PyObject *
+group_marks(HubObject *hub, PyObject *group)
+{
+    for (int i = 0; i < GROUP_CACHE; i++) {
+        if (hub->group_keys[i] == group) {
+            return Py_NewRef(hub->group_marks[i]);
+        }
+    }
+    PyObject *marks = PyDict_GetItemWithError(hub->groups, group);
+    if (marks != NULL) {
+        Py_INCREF(marks);
+    } else if (PyErr_Occurred()) {
+        return NULL;
+    } else {
+        marks = PyObject_CallOneArg(hub->new_group, group);
+        if (marks == NULL) {
+            return NULL;
+        }
+    }
+    if (!Py_IS_TYPE(marks, &GroupMarksType)) {
+        PyErr_Format(PyExc_TypeError, "the marks of group %R are %R, not GroupMarks", group, marks);
+        Py_DECREF(marks);
+        return NULL;
+    }
+    int slot = hub->group_next;
+    hub->group_next = (slot + 1) % GROUP_CACHE;
+    Py_XSETREF(hub->group_keys[slot], Py_NewRef(group));
+    Py_XSETREF(hub->group_marks[slot], Py_NewRef(marks));
+    return marks;
+}
+
 static PyObject *
 collective_enter(CollectiveObject *self, PyObject *unused)
 {
@@ -817,39 +872,21 @@ collective_enter(CollectiveObject *self, PyObject *unused)
     if (self->start_ns) {
         return raise_built(hub->reused, self->name);
     }
-    /* The group's marks are its sequence counter and the heartbeat's record of it at once. */
-    PyObject *marks = PyDict_GetItemWithError(hub->groups, self->group);
-    if (marks != NULL) {
-        Py_INCREF(marks);
-    } else if (PyErr_Occurred()) {
-        return NULL;
-    } else {
-        marks = PyObject_CallOneArg(hub->new_group, self->group);
-        if (marks == NULL) {
-            return NULL;
-        }
-    }
-    if (!Py_IS_TYPE(marks, &GroupMarksType)) {
-        PyErr_Format(PyExc_TypeError, "the marks of group %R are %R, not GroupMarks", self->group, marks);
-        Py_DECREF(marks);
+    PyObject *marks = group_marks(hub, self->group);
+    if (marks == NULL) {
         return NULL;
     }
     Py_XSETREF(self->marks, marks);
     GroupMarksObject *group = (GroupMarksObject *)marks;
-    Py_ssize_t seq;
-    if (self->seq == Py_None) {
-        seq = group->next_seq;
-        PyObject *number = PyLong_FromSsize_t(seq);
-        if (number == NULL) {
-            return NULL;
-        }
-        Py_SETREF(self->seq, number);
-    } else {
-        seq = PyLong_AsSsize_t(self->seq);
+    Py_ssize_t seq = group->next_seq;
+    if (self->given_seq != Py_None) {
+        seq = PyLong_AsSsize_t(self->given_seq);
         if (seq == -1 && PyErr_Occurred()) {
             return NULL;
         }
     }
+    self->seq = seq;
+    self->has_seq = 1;
     group->next_seq = seq + 1;
     if (open_on_thread((PyObject *)self, hub, &self->thread, &self->parent, &self->start_ns) < 0) {
         return NULL;
@@ -884,6 +921,12 @@ collective_end(CollectiveObject *self, PyObject *unused)
 }
 
 static PyObject *
+get_seq(CollectiveObject *self, void *closure)
+{
+    return self->has_seq ? PyLong_FromSsize_t(self->seq) : Py_NewRef(self->given_seq);
+}
+
+static PyObject *
 get_comm_category(CollectiveObject *self, void *closure)
 {
     return Py_NewRef(self->hub->comm);
@@ -899,7 +942,6 @@ static PyMethodDef collective_methods[] = {
 static PyMemberDef collective_members[] = {
     {"name", T_OBJECT, offsetof(CollectiveObject, name), READONLY, NULL},
     {"group", T_OBJECT, offsetof(CollectiveObject, group), READONLY, NULL},
-    {"seq", T_OBJECT, offsetof(CollectiveObject, seq), READONLY, NULL},
     {"marks", T_OBJECT_EX, offsetof(CollectiveObject, marks), READONLY, NULL},
     {"step", T_OBJECT, offsetof(CollectiveObject, step), READONLY, NULL},
     {"nbytes", T_OBJECT, offsetof(CollectiveObject, nbytes), READONLY, NULL},
@@ -914,6 +956,7 @@ static PyGetSetDef collective_getset[] = {
     {"collector", (getter)get_collector, NULL, "the collector that made it",
      (void *)offsetof(CollectiveObject, hub)},
     {"category", (getter)get_comm_category, NULL, "Category.COMM", NULL},
+    {"seq", (getter)get_seq, NULL, "the sequence number in its group; before entry the one given, or None", NULL},
     {NULL},
 };
 
@@ -1142,7 +1185,8 @@ typedef struct {
 static int
 pack_context(Encoder *encoder, PyObject *item, unsigned char *out)
 {
-    PyObject *name, *category, *step, *layer, *nbytes, *parent, *thread, *group = NULL, *seq = NULL;
+    PyObject *name, *category, *step, *layer, *nbytes, *parent, *thread, *group = NULL;
+    long long seq_value = NONE_I64;
     long long start, end;
     if (Py_IS_TYPE(item, &SpanType)) {
         SpanObject *span = (SpanObject *)item;
@@ -1153,7 +1197,8 @@ pack_context(Encoder *encoder, PyObject *item, unsigned char *out)
         CollectiveObject *collective = (CollectiveObject *)item;
         name = collective->name, category = collective->hub->comm, step = collective->step, layer = NULL;
         nbytes = collective->nbytes, parent = collective->parent, thread = collective->thread;
-        group = collective->group, seq = collective->seq;
+        group = collective->group;
+        seq_value = collective->has_seq ? (long long)collective->seq : NONE_I64;
         start = collective->start_ns, end = collective->end_ns;
     }
     if (thread == NULL) {
@@ -1169,7 +1214,7 @@ pack_context(Encoder *encoder, PyObject *item, unsigned char *out)
     }
     long code = PyLong_AsLong(code_object);
     unsigned long long name_id, track, group_id = NO_STRING;
-    long long step_value, layer_value, seq_value, nbytes_value;
+    long long step_value, layer_value, nbytes_value;
     if (code == -1 && PyErr_Occurred()) {
         return -1;
     }
@@ -1199,7 +1244,6 @@ pack_context(Encoder *encoder, PyObject *item, unsigned char *out)
         string_id(encoder->ids, encoder->intern, name, &name_id) < 0 ||
         optional_field(step, INT64_MIN, INT64_MAX, NONE_I64, &step_value) < 0 ||
         optional_field(layer, INT32_MIN, INT32_MAX, NONE_I32, &layer_value) < 0 ||
-        optional_field(seq, INT64_MIN, INT64_MAX, NONE_I64, &seq_value) < 0 ||
         optional_field(nbytes, INT64_MIN, INT64_MAX, NONE_I64, &nbytes_value) < 0) {
         return -1;
     }
