@@ -15,10 +15,12 @@ from clusterx import Client
 from clusterx.spec import JobSpec
 from deeptrace.rundir import RunWriter, layout
 from rich.console import Console
+from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.widgets import Input, Log, Static
 from xtop.app import XtopApp
 from xtop.job_table import JobTable
+from xtop.screens.base import set_content
 from xtop.screens.devices import DevicesScreen
 from xtop.screens.dialogs import ConfirmScreen, HelpScreen
 from xtop.screens.jobs import JobsScreen
@@ -56,6 +58,29 @@ def text_of(app: XtopApp, selector: str) -> str:
 def table_names(app: XtopApp) -> list[str]:
     model = app.state.jobs
     return [model.rows[i].name for i in model.order]
+
+
+class _OneStatic(App[None]):
+    CSS = "#s { height: auto; }"
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="s")
+
+
+async def test_new_content_gets_its_height_even_while_a_layout_of_the_widget_is_pending() -> None:
+    """The interleaving that cut the run screen's two-line stats to one line on a busy machine, forced (no await
+    between the steps): a layout of the widget pending, a layout of the screen measuring the old content, then new
+    content. Textual alone keeps the old height there (see set_content)."""
+    app = _OneStatic()
+    async with app.run_test(size=(20, 10)) as pilot:
+        widget = app.query_one("#s", Static)
+        await pilot.pause()
+        widget.update("one")  # a layout of the widget pending until its next idle
+        app.screen._clear_arrangement_cache()  # as another widget's layout request does
+        app.screen._refresh_layout()  # "one" measured: one line
+        set_content(widget, "two lines " * 3)  # 30 cells at 20 wide
+        await pilot.pause()
+        await until(pilot, lambda: widget.region.height == 2, "the second line", timeout_s=2.0)
 
 
 async def test_screens_switch_by_key_and_by_click_and_help_opens(tmp_path: Path) -> None:

@@ -31,6 +31,23 @@ def test_metrics_are_followed_as_they_grow_and_the_eta_comes_from_the_step_rate(
     assert snap.ranks[0].mem_peak_bytes == 3 << 30
 
 
+def test_a_copy_of_the_snapshot_stays_as_it_was_through_later_polls(tmp_path: Path) -> None:
+    """What the worker hands the screens: the source's own snapshot changes at every poll, a copy never does."""
+    run_dir = tmp_path / "run"
+    writer = write_run(run_dir, steps=3, max_steps=10)
+    source = RunSource(run_dir)
+    shown = source.poll().copy()
+    append_step(writer, 4, max_steps=10)
+    writer.close()
+    with layout.metrics_path(run_dir).open("ab") as handle:
+        handle.write(b"not json\n")
+    source.poll()
+    snap = source.poll()  # the corrupt line is named by the poll after the one that read the step before it
+    assert (snap.step, len(snap.loss.points()[1]), len(snap.problems)) == (4, 4, 1)
+    assert (shown.step, shown.loss.points()[1], shown.problems) == (3, [6.0, 3.0, 2.0], [])
+    assert shown.tokens_per_s.count == shown.grad_norm.count == 3 and shown.last["step"] == 3
+
+
 def test_a_half_written_line_waits_and_a_corrupt_one_is_named(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()

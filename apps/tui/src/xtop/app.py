@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import work
 from textual.app import App
@@ -25,7 +25,10 @@ from xtop.screens.dialogs import ConfirmScreen, HelpScreen
 from xtop.screens.jobs import JobsScreen
 from xtop.screens.run import RunScreen
 from xtop.screens.trace import TraceScreen
-from xtop.state import XtopState, utc_now
+from xtop.state import RunTarget, XtopState, utc_now
+
+if TYPE_CHECKING:
+    from xtop.run_source import RunSnapshot  # deeptrace's readers load in the worker, after the first paint
 
 
 class XtopApp(App[None]):
@@ -107,22 +110,27 @@ class XtopApp(App[None]):
             self.call_from_thread(self._apply_jobs, state.feed.first_page())
         delta = state.feed.fetch()
         sample = (state.sampler or sample_resources)()
-        target = state.run
+        target, snap = state.run, None
         if target is not None:
             if target.source is None:
                 from xtop.run_source import RunSource  # noqa: PLC0415 (deeptrace's readers: after first paint)
 
                 target.source = RunSource(target.run_dir, stale_after_s=state.stale_after_s)
-            target.source.poll(state.wall_clock() if state.wall_clock else time.time())
-        self.call_from_thread(self._apply, delta, sample)
+            # The source's own snapshot changes during every poll; the screens get a finished copy, in _apply.
+            snap = target.source.poll(state.wall_clock() if state.wall_clock else time.time()).copy()
+        self.call_from_thread(self._apply, delta, sample, target, snap)
 
     def _apply_jobs(self, delta: JobDelta) -> None:
         self.state.jobs.apply(delta)
         self._update_screen()
 
-    def _apply(self, delta: JobDelta, sample: ResourceSample) -> None:
+    def _apply(
+        self, delta: JobDelta, sample: ResourceSample, target: RunTarget | None, snap: RunSnapshot | None
+    ) -> None:
         self.state.jobs.apply(delta)
         self.state.resources.add(sample)
+        if target is not None:
+            target.snapshot = snap
         self.ticks += 1
         self._update_screen()
 

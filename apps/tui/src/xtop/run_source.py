@@ -9,7 +9,7 @@ file (and the line, for a corrupt JSON line); a half-written last line is simply
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +61,19 @@ class RunSnapshot:
         value = self.last.get("step")
         return value if isinstance(value, int) else None
 
+    def copy(self) -> RunSnapshot:
+        """A copy that the next poll leaves alone: the series grow in place and the lists are refilled, so those
+        are copied; everything else a poll replaces rather than changes (records, rank statuses, meta, report)."""
+        return replace(
+            self, last=dict(self.last), loss=self.loss.copy(), tokens_per_s=self.tokens_per_s.copy(),
+            grad_norm=self.grad_norm.copy(), ranks=list(self.ranks), problems=list(self.problems),
+            notes=list(self.notes),
+        )  # fmt: skip
+
 
 class RunSource:
-    """Follows one run directory. `poll` mutates and returns the same snapshot; call it from one thread."""
+    """Follows one run directory. `poll` mutates and returns the same snapshot; call it from one thread, and hand
+    other threads a `copy()` of it."""
 
     def __init__(self, run_dir: Path | str, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> None:
         self.run_dir = Path(run_dir)

@@ -8,7 +8,7 @@ averaged in pairs too). Appending stays O(1) amortised and drawing costs the sam
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -36,6 +36,10 @@ class DecimatedSeries:
             self.xs = [(self.xs[i] + self.xs[i + 1]) / 2 for i in range(0, len(self.xs), 2)]
             self.ys = [(self.ys[i] + self.ys[i + 1]) / 2 for i in range(0, len(self.ys), 2)]
             self.stride *= 2
+
+    def copy(self) -> DecimatedSeries:
+        """An independent copy: appending to either leaves the other as it was."""
+        return replace(self, xs=list(self.xs), ys=list(self.ys), _pending=list(self._pending))
 
     def points(self) -> tuple[list[float], list[float]]:
         """Stored points plus the not yet merged tail, so the newest value always shows."""

@@ -13,7 +13,7 @@ from xtop.resources import ResourceHistory, ResourceSample
 
 if TYPE_CHECKING:
     from xtop.analysis import Analysis
-    from xtop.run_source import RunSource
+    from xtop.run_source import RunSnapshot, RunSource
 
 
 def utc_now() -> datetime:
@@ -26,7 +26,8 @@ class RunTarget:
 
     run_dir: Path
     job_id: int | None = None
-    source: RunSource | None = None  # made in the worker on first poll (it loads deeptrace's readers)
+    source: RunSource | None = None  # made and polled in the worker (it loads deeptrace's readers)
+    snapshot: RunSnapshot | None = None  # the newest finished poll, a copy set on the app's thread: what screens show
 
 
 @dataclass

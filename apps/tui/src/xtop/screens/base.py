@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, cast
 from rich.text import Text
 from textual import events
 from textual.screen import Screen
+from textual.visual import VisualType
 from textual.widgets import Static
 
 if TYPE_CHECKING:
@@ -50,7 +51,20 @@ def show(widget: Static, content: Text) -> None:
     shown = widget.content
     if isinstance(shown, Text) and shown.plain == content.plain and shown.spans == content.spans:
         return
+    set_content(widget, content)
+
+
+def set_content(widget: Static, content: VisualType) -> None:
+    """`widget.update(content)`, and its height measured again at the next layout, whatever Textual has pending.
+
+    Textual (8.2) caches a widget's size under a counter that `refresh(layout=True)` advances only when no layout
+    of the widget is pending yet. Content that comes while one is pending, after a layout of the screen has
+    already measured the old content under that counter, keeps the old height until the counter moves again,
+    which on a run that stopped is never: the run screen's two-line stats stayed cut to one line (seen when the
+    machine was busy enough that the widget's pending layout waited). Advancing the counter here closes that."""
     widget.update(content)
+    if hasattr(widget, "_layout_updates"):
+        widget._layout_updates += 1
 
 
 class XtopScreen(Screen[None]):

@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
 from xtop.fmt import GIB, bar, sparkline
-from xtop.screens.base import ModeBar, XtopScreen
+from xtop.screens.base import ModeBar, XtopScreen, set_content
 
 
 class DevicesScreen(XtopScreen):
@@ -32,7 +32,7 @@ class DevicesScreen(XtopScreen):
         host = self.query_one("#devices-host", Static)
         gpus = self.query_one("#devices-gpus", Static)
         if sample is None:
-            host.update(Text(" sampling…", style="dim"))
+            set_content(host, Text(" sampling…", style="dim"))
             return
         spark = max(10, self.size.width - 60)
         table = Table(box=None, expand=True, header_style="bold", title="host", title_justify="left")
@@ -51,9 +51,11 @@ class DevicesScreen(XtopScreen):
         if sample.per_cpu_pct and len(sample.per_cpu_pct) <= 64:
             cores = " ".join(f"{index}:{pct:3.0f}%" for index, pct in enumerate(sample.per_cpu_pct))
             table.add_row("per core", "", "", Text(cores, style="dim", overflow="fold"))
-        host.update(table)
+        set_content(host, table)
         if not sample.gpus:
-            gpus.update(Text(f"\n GPUs: none ({sample.gpu_note}); the other screens work without them.", "yellow"))
+            set_content(
+                gpus, Text(f"\n GPUs: none ({sample.gpu_note}); the other screens work without them.", "yellow")
+            )
             return
         gpu_table = Table(box=None, expand=True, header_style="bold", title="GPUs", title_justify="left")
         for name, justify in (("gpu", "right"), ("name", "left"), ("memory", "right"), ("util", "right"),
@@ -75,4 +77,4 @@ class DevicesScreen(XtopScreen):
                     (sparkline(history.gpu_memory[gpu.index].values, half, 0, 100), "cyan"),
                 ),
             )
-        gpus.update(gpu_table)
+        set_content(gpus, gpu_table)

@@ -16,7 +16,7 @@ from textual.widgets import Footer, Static
 from xtop.chart import LineChart
 from xtop.fmt import bar, duration, gib, number
 from xtop.jobs import state_style
-from xtop.screens.base import ModeBar, XtopScreen, show
+from xtop.screens.base import ModeBar, XtopScreen, set_content, show
 
 if TYPE_CHECKING:
     from xtop.run_source import RunSnapshot  # deeptrace's readers load in the worker, after the first paint
@@ -60,7 +60,7 @@ class RunScreen(XtopScreen):
             title.update(Text(" no run: pick a job with a run directory (1, Enter) or start xtop RUN_DIR", "dim"))
             self._clear()
             return
-        snap = target.source.snapshot if target.source is not None else None
+        snap = target.snapshot
         # The job and its state first: a long run directory is what gets cut at the right edge.
         text = Text(" ")
         if target.job_id is not None:
@@ -80,7 +80,7 @@ class RunScreen(XtopScreen):
         self.query_one("#chart-loss", LineChart).show(snap.loss)
         self.query_one("#chart-tokens", LineChart).show(snap.tokens_per_s)
         self.query_one("#chart-grad", LineChart).show(snap.grad_norm)
-        self.query_one("#run-ranks", Static).update(_ranks(snap, self.xtop.memory_capacity()))
+        set_content(self.query_one("#run-ranks", Static), _ranks(snap, self.xtop.memory_capacity()))
         notes = Text()
         for line in snap.problems:
             notes.append(f" {line}\n", style="bold red")
@@ -91,7 +91,7 @@ class RunScreen(XtopScreen):
 
     def _clear(self) -> None:
         for name in ("#run-stats", "#run-ranks", "#run-notes"):
-            self.query_one(name, Static).update("")
+            set_content(self.query_one(name, Static), "")
 
 
 def _stats(snap: RunSnapshot) -> Text:

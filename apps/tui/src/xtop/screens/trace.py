@@ -14,7 +14,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
 from xtop.fmt import number
-from xtop.screens.base import ModeBar, XtopScreen, show
+from xtop.screens.base import ModeBar, XtopScreen, set_content, show
 
 if TYPE_CHECKING:
     from deeptrace.report.model import Report  # loaded by the worker, after the first paint
@@ -54,18 +54,18 @@ class TraceScreen(XtopScreen):
         show(self.query_one("#trace-progress", Static), self._progress())
         if target is None:
             title.update(Text(" no run selected: pick a job (1, Enter) or start xtop RUN_DIR", style="dim"))
-            body.update("")
+            set_content(body, "")
             return
-        snap = target.source.snapshot if target.source is not None else None
+        snap = target.snapshot
         title.update(Text.assemble(" report of ", (str(target.run_dir), "bold")))
         if snap is None:
-            body.update("")
+            set_content(body, "")
         elif snap.report_problem:
-            body.update(Text(f" {snap.report_problem}", style="bold red"))
+            set_content(body, Text(f" {snap.report_problem}", style="bold red"))
         elif snap.report is None:
-            body.update(Text(" no deeptrace report yet: press a to analyse this run", style="yellow"))
+            set_content(body, Text(" no deeptrace report yet: press a to analyse this run", style="yellow"))
         else:
-            body.update(render_report(snap.report))
+            set_content(body, render_report(snap.report))
 
     def _progress(self) -> Text:
         analysis = self.state.analysis
