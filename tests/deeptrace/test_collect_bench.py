@@ -38,3 +38,16 @@ def test_collector_overhead_benchmark_prints_its_json_line() -> None:
     if native_module() is not None:
         assert figures["hot_path"] == "native"
         assert figures["python_ns_per_span"] > 0 and "python_overhead_pct_paired" in figures
+
+
+def test_repeats_report_the_median_over_fresh_processes() -> None:
+    command = [sys.executable, str(REPO_ROOT / "tools/bench/collector_overhead.py")]
+    small = ["--steps", "2", "--layers", "1", "--tight-spans", "200"]
+    result = subprocess.run(
+        [*command, *small, "--repeats", "3"], capture_output=True, text=True, timeout=300, check=True
+    )
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    each = [json.loads(line) for line in result.stderr.strip().splitlines() if line.startswith("{")]
+    assert figures["runs"] == 3 and len(each) == 3
+    assert figures["overhead_pct_runs"] == [run["overhead_pct"] for run in each]
+    assert figures["overhead_pct"] == sorted(run["overhead_pct"] for run in each)[1]
