@@ -737,8 +737,7 @@ typedef struct {
     PyObject *name;
     PyObject *group;
     PyObject *given_seq; /* the seq argument: None takes the group's next number at entry */
-    Py_ssize_t seq;      /* the sequence number, once entered (an int object only when read) */
-    int has_seq;
+    Py_ssize_t seq;      /* the sequence number once entered (start_ns set); an int object only when read */
     PyObject *marks;    /* NULL until entered */
     PyObject *step;
     PyObject *nbytes;
@@ -782,7 +781,6 @@ hub_collective(HubObject *hub, PyObject *const *args, Py_ssize_t nargs, PyObject
     self->group = Py_NewRef(group);
     self->given_seq = Py_NewRef(seq);
     self->seq = 0;
-    self->has_seq = 0;
     self->marks = NULL;
     self->step = Py_NewRef(step == Py_None ? hub->step : step);
     self->nbytes = Py_NewRef(nbytes);
@@ -886,7 +884,6 @@ collective_enter(CollectiveObject *self, PyObject *unused)
         }
     }
     self->seq = seq;
-    self->has_seq = 1;
     group->next_seq = seq + 1;
     if (open_on_thread((PyObject *)self, hub, &self->thread, &self->parent, &self->start_ns) < 0) {
         return NULL;
@@ -923,7 +920,7 @@ collective_end(CollectiveObject *self, PyObject *unused)
 static PyObject *
 get_seq(CollectiveObject *self, void *closure)
 {
-    return self->has_seq ? PyLong_FromSsize_t(self->seq) : Py_NewRef(self->given_seq);
+    return self->start_ns ? PyLong_FromSsize_t(self->seq) : Py_NewRef(self->given_seq);
 }
 
 static PyObject *
@@ -1186,7 +1183,7 @@ static int
 pack_context(Encoder *encoder, PyObject *item, unsigned char *out)
 {
     PyObject *name, *category, *step, *layer, *nbytes, *parent, *thread, *group = NULL;
-    long long seq_value = NONE_I64;
+    long long seq_value = NONE_I64; /* a span's */
     long long start, end;
     if (Py_IS_TYPE(item, &SpanType)) {
         SpanObject *span = (SpanObject *)item;
@@ -1198,7 +1195,7 @@ pack_context(Encoder *encoder, PyObject *item, unsigned char *out)
         name = collective->name, category = collective->hub->comm, step = collective->step, layer = NULL;
         nbytes = collective->nbytes, parent = collective->parent, thread = collective->thread;
         group = collective->group;
-        seq_value = collective->has_seq ? (long long)collective->seq : NONE_I64;
+        seq_value = (long long)collective->seq; /* entered: a context never entered is refused below */
         start = collective->start_ns, end = collective->end_ns;
     }
     if (thread == NULL) {
