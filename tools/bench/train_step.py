@@ -123,7 +123,7 @@ def bench_config(model_name: str) -> Any:
 
 
 class XtrainSide:
-    """xtrain's own path, as ``xtrain train`` sets it up (trainer.build_model, build_optimizer, train_step)."""
+    """xtrain's own path, as ``xtrain train`` sets it up (build.build_model, build_optimizer, train_step)."""
 
     name = "xtrain"
 

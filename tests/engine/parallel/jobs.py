@@ -108,7 +108,7 @@ def _sharded(
     seed: int = SEED,
     hf_path: Path | None = None,
 ) -> Transformer:
-    """The trainer's order (train/trainer.py build_model): meta → checkpointing → FSDP2 → materialise."""
+    """The trainer's order (train/build.py build_model): meta → checkpointing → FSDP2 → materialise."""
     with torch.device("meta"):
         model = Transformer(config)
     if checkpointing is not None:

@@ -65,7 +65,7 @@ def check_world_size(config: TrainConfig, world_size: int, processes_per_node: i
         )
     if config.parallel.ep_size > 1:
         from xtrain.parallel.mesh import check_expert_parallel  # noqa: PLC0415 (torch: only when EP is asked for)
-        from xtrain.train.trainer import resolve_model_config  # noqa: PLC0415
+        from xtrain.train.build import resolve_model_config  # noqa: PLC0415
 
         moe = resolve_model_config(config).moe
         check_expert_parallel(
@@ -82,7 +82,7 @@ def check_resume(resume: str, run_dir: Path, config: TrainConfig) -> None:
     that is not a checkpoint, an incomplete one or one of another model is a CheckpointError naming it. The ranks
     decide again (under torchrun nothing ran this), and log the warnings."""
     from xtrain.train.checkpoint.resume import decide  # noqa: PLC0415 (torch: only once a config is valid)
-    from xtrain.train.trainer import resolve_model_config  # noqa: PLC0415
+    from xtrain.train.build import resolve_model_config  # noqa: PLC0415
 
     decide(resume, run_dir, resolve_model_config(config))
 

@@ -29,24 +29,13 @@ from deeptrace.spans import Category
 
 from xtrain import __version__
 from xtrain.config import TrainConfig, to_toml
-from xtrain.data import Corpus, PackStream, prepare_corpus
+from xtrain.data import prepare_corpus
 from xtrain.data.balance import pack_cost
-from xtrain.data.packing import Balance
 from xtrain.errors import TrainingStoppedError
-from xtrain.loss import auto_chunk_tokens
-from xtrain.model.config import ModelConfig
 from xtrain.model.flops import training_flops_per_token
-from xtrain.model.hf import read_hf_config
-from xtrain.model.sizes import model_config
 from xtrain.model.transformer import Transformer
-from xtrain.parallel.checkpointing import apply_activation_checkpointing
-from xtrain.parallel.compile import apply_compile
 from xtrain.parallel.distributed import Distributed, barrier, close_distributed, init_distributed
-from xtrain.parallel.expert_parallel import ExchangeSpans, apply_expert_parallel
-from xtrain.parallel.fsdp import apply_fsdp
-from xtrain.parallel.materialize import materialize
-from xtrain.parallel.mesh import data_parallel_mesh, expert_parallel_mesh
-from xtrain.parallel.offload import apply_activation_offload
+from xtrain.train.build import build_model, compute_dtype, loss_settings, pack_stream, resolve_model_config
 from xtrain.train.checkpoint.locate import ResumePoint
 from xtrain.train.checkpoint.resume import decide_on_all_ranks, restore
 from xtrain.train.checkpoint.saver import Checkpointer
@@ -55,91 +44,11 @@ from xtrain.train.metrics import device_peak_flops, memory_figures, mfu
 from xtrain.train.optimizer import build_optimizer
 from xtrain.train.progress import ProgressLine
 from xtrain.train.schedule import build_scheduler
-from xtrain.train.step import GlobalBatch, LossSettings, MicroBatch, train_step
+from xtrain.train.step import GlobalBatch, MicroBatch, train_step
 
 log = logging.getLogger("xtrain")
 
 Finished = TypeVar("Finished")
-
-
-def resolve_model_config(config: TrainConfig) -> ModelConfig:
-    """The model's shapes: a named size, or the Hugging Face folder's config.json; with the chosen backend."""
-    if config.model.hf_path is not None:
-        base = read_hf_config(config.model.hf_path)
-    else:
-        assert config.model.size is not None  # the config validator requires one of the two
-        base = model_config(config.model.size)
-    return base.model_copy(update={"attention_backend": config.model.attention_backend})
-
-
-def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
-    choice = config.parallel.mixed_precision
-    if choice == "auto":
-        choice = "bf16" if device.type == "cuda" else "fp32"
-    return torch.bfloat16 if choice == "bf16" else torch.float32
-
-
-def build_model(
-    config: TrainConfig, model_cfg: ModelConfig, dist_ctx: Distributed, collector: Collector | None = None
-) -> Transformer:
-    """The sharded, materialised model: meta → (expert parallelism) → (checkpointing, offload) → (compile) →
-    FSDP2 → allocate + init/load after sharding. ``collector``: the all-to-alls of expert parallelism are
-    recorded as its COMM spans."""
-    ep_mesh = None
-    if config.parallel.ep_size > 1:
-        num_experts = model_cfg.moe.num_experts if model_cfg.moe is not None else None
-        ep_mesh = expert_parallel_mesh(
-            dist_ctx.device.type, dist_ctx.world_size, dist_ctx.local_world_size, num_experts, config.parallel.ep_size
-        )
-    with torch.device("meta"):
-        model = Transformer(model_cfg)
-    if ep_mesh is not None:
-        # First: checkpointing then wraps layers whose MoE blocks already exchange tokens (and saves what they
-        # receive, see parallel/checkpointing.py), and FSDP shards the expert DTensors over their replicas.
-        observer = ExchangeSpans(collector) if collector is not None and config.trace.enabled else None
-        apply_expert_parallel(model, ep_mesh, domino_slices=config.parallel.domino_slices, observer=observer)
-    apply_activation_checkpointing(model, config.memory.checkpointing)
-    if config.memory.offload:
-        apply_activation_offload(model, dist_ctx.device, config.memory.offload_resident_layers)
-    if config.parallel.compile:
-        # Under EP the exchange schedule is kept out of the graph (host-side split sizes): a graph break.
-        apply_compile(model, fullgraph=ep_mesh is None)
-    if ep_mesh is not None:
-        mesh = ep_mesh.all_ranks
-    else:
-        mesh = data_parallel_mesh(dist_ctx.device.type, dist_ctx.world_size, config.parallel.replicate)
-    apply_fsdp(
-        model,
-        mesh,
-        param_dtype=compute_dtype(config, dist_ctx.device),
-        reshard_after_forward=config.parallel.reshard_after_forward,
-        prefetch=config.parallel.prefetch,
-        expert_mesh=ep_mesh.expert_shard if ep_mesh is not None else None,
-    )
-    materialize(model, dist_ctx.device, seed=config.train.seed, hf_path=config.model.hf_path)
-    return model
-
-
-def pack_stream(config: TrainConfig, corpus: Corpus, world_size: int) -> PackStream:
-    """The run's packs; balanced over the ``world_size`` data-parallel ranks when data.balance_window is set."""
-    balance = None
-    if config.data.balance_window:
-        balance = Balance(config.data.balance_window, config.train.global_batch, world_size)
-    return PackStream(
-        corpus, config.data.pack_tokens, seed=config.train.seed, lookahead=config.data.pack_lookahead, balance=balance
-    )
-
-
-def loss_settings(
-    config: TrainConfig, model_cfg: ModelConfig, dtype: torch.dtype, device: torch.device
-) -> LossSettings:
-    chunk = config.loss.chunk_tokens
-    if chunk == "auto":
-        chunk = auto_chunk_tokens(model_cfg.vocab_size, dtype, device=device)
-    moe = model_cfg.moe
-    aux = config.loss.aux_loss_coef if config.loss.aux_loss_coef is not None else (moe.aux_loss_coef if moe else 0.0)
-    z = config.loss.z_loss_coef if config.loss.z_loss_coef is not None else (moe.z_loss_coef if moe else 0.0)
-    return LossSettings(chunk_tokens=chunk, aux_loss_coef=aux, z_loss_coef=z, max_grad_norm=config.optim.max_grad_norm)
 
 
 def train(
