@@ -81,8 +81,8 @@ def check_resume(resume: str, run_dir: Path, config: TrainConfig) -> None:
     """``--resume auto|PATH|none`` against the run directory and the model, before any process starts: a path
     that is not a checkpoint, an incomplete one or one of another model is a CheckpointError naming it. The ranks
     decide again (under torchrun nothing ran this), and log the warnings."""
-    from xtrain.train.checkpoint.resume import decide  # noqa: PLC0415 (torch: only once a config is valid)
     from xtrain.train.build import resolve_model_config  # noqa: PLC0415
+    from xtrain.train.checkpoint.resume import decide  # noqa: PLC0415 (torch: only once a config is valid)
 
     decide(resume, run_dir, resolve_model_config(config))
 

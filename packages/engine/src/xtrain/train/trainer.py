@@ -14,10 +14,9 @@ per-rank records, log, heartbeat and, when tracing, its deeptrace spans and prof
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,8 +39,10 @@ from xtrain.train.checkpoint.locate import ResumePoint
 from xtrain.train.checkpoint.resume import decide_on_all_ranks, restore
 from xtrain.train.checkpoint.saver import Checkpointer
 from xtrain.train.launch import check_world_size
+from xtrain.train.logs import setup_logging
 from xtrain.train.metrics import device_peak_flops, memory_figures, mfu
 from xtrain.train.optimizer import build_optimizer
+from xtrain.train.profiler import kineto_profiler
 from xtrain.train.progress import ProgressLine
 from xtrain.train.schedule import build_scheduler
 from xtrain.train.step import GlobalBatch, MicroBatch, train_step
@@ -78,7 +79,7 @@ def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed, resume: st
     # Which checkpoint, checked against the model, before any file is written (a bad one overwrites nothing).
     decision = decide_on_all_ranks(resume, run_dir, resolve_model_config(config), dist_ctx.rank)
     writer = RunWriter(run_dir, dist_ctx.rank, world)
-    _setup_logging(run_dir, dist_ctx.rank)
+    setup_logging(run_dir, dist_ctx.rank)
     for warning in decision.warnings:
         log.warning("%s", warning)
     collector = Collector(run_dir, dist_ctx.rank, world, trace=config.trace.enabled)
@@ -186,7 +187,7 @@ def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
     per_rank = config.train.global_batch // dist_ctx.world_size
     progress = ProgressLine(config.train.max_steps, enabled=dist_ctx.is_main)
     train_started = time.perf_counter()
-    with progress, _profiler(config, run_dir, dist_ctx) as profiler:
+    with progress, kineto_profiler(config, run_dir, dist_ctx) as profiler:
         for step in range(start_step + 1, config.train.max_steps + 1):
             collector.step_begin(step)
             step_started = time.perf_counter()
@@ -280,54 +281,3 @@ def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
         "trained steps %d to %d in %.1f s", start_step + 1, config.train.max_steps, time.perf_counter() - train_started
     )
     return model
-
-
-@contextlib.contextmanager
-def _profiler(config: TrainConfig, run_dir: Path, dist_ctx: Distributed) -> Iterator[torch.profiler.profile | None]:
-    """The PyTorch profiler from the first to the last step of ``trace.profile_steps`` (one window), one Kineto
-    trace per rank in RUN_DIR/profiler/, which ``deeptrace analyze`` reads."""
-    steps = sorted(set(config.trace.profile_steps))
-    if not steps:
-        yield None
-        return
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if dist_ctx.device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    out = layout.profiler_dir(run_dir)
-    out.mkdir(parents=True, exist_ok=True)
-
-    first, last = steps[0], steps[-1]
-
-    def which(index: int) -> torch.profiler.ProfilerAction:
-        # `index` counts the profiler's step() calls, made after each training step: index i is step i + 1.
-        step = index + 1
-        if step == first - 1:
-            return torch.profiler.ProfilerAction.WARMUP
-        if first <= step < last:
-            return torch.profiler.ProfilerAction.RECORD
-        if step == last:
-            return torch.profiler.ProfilerAction.RECORD_AND_SAVE
-        return torch.profiler.ProfilerAction.NONE
-
-    def save(prof: torch.profiler.profile) -> None:
-        prof.export_chrome_trace(str(out / f"rank-{dist_ctx.rank}.json"))
-
-    with torch.profiler.profile(activities=activities, schedule=which, on_trace_ready=save) as prof:
-        yield prof
-
-
-def _setup_logging(run_dir: Path, rank: int) -> None:
-    """logs/rank-R.log for every rank; rank 0 also logs to the terminal."""
-    path = layout.log_path(run_dir, rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    for handler in list(log.handlers):
-        log.removeHandler(handler)
-    file_handler = logging.FileHandler(path)
-    file_handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} %(levelname)s %(message)s"))
-    log.addHandler(file_handler)
-    if rank == 0:
-        console = logging.StreamHandler()
-        console.setFormatter(logging.Formatter("xtrain: %(message)s"))
-        log.addHandler(console)
