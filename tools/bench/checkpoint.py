@@ -59,8 +59,10 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
     from xtrain.parallel.materialize import materialize
     from xtrain.parallel.mesh import data_parallel_mesh
     from xtrain.train.checkpoint.compat import saved_shapes
-    from xtrain.train.checkpoint.saver import Checkpointer
-    from xtrain.train.checkpoint.state import load_state
+    from xtrain.train.checkpoint.parts import ModelPart, OptimizerPart, RngPart
+    from xtrain.train.checkpoint.resume import load_device_state
+    from xtrain.train.checkpoint.saver import Checkpointer, RunIdentity
+    from xtrain.train.checkpoint.train_state import Counters, TrainState
     from xtrain.train.optimizer import build_optimizer
 
     torch.set_num_threads(1)
@@ -103,6 +105,22 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
         dist.barrier()
         return time.perf_counter() - started
 
+    class DeviceParts:
+        """What the checkpointer saves: the trainer's device parts; no schedule or data in this benchmark."""
+
+        rng = RngPart(ctx.rank, ctx.device)
+        tensors = {"model": ModelPart(model), "optim": OptimizerPart(model, optimizer), "rng": rng}
+
+        def device_state(self) -> dict[str, Any]:
+            return dict(self.tensors)
+
+        def host_state(self) -> TrainState:
+            return TrainState(schedule={}, data={}, counters=Counters())
+
+    parts = DeviceParts()
+    identity = RunIdentity(
+        world_size=ctx.world_size, replicate=1, config_toml="", model_config=shape.model_dump(mode="json")
+    )
     figures: dict[str, Any] = {}
     root = Path(args.dir)
     last_folder = None
@@ -111,19 +129,14 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
         checkpointer = Checkpointer(
             CheckpointSection(every_steps=1, keep=1, async_save=mode == "async"),
             run_dir,
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            replicate=1,
-            device=ctx.device,
-            max_steps=args.saves,
-            config_toml="",
-            model_config=shape.model_dump(mode="json"),
+            parts,
+            identity,
             collector=None,
         )
         stalls = []
         for step in range(1, args.saves + 1):
             dist.barrier()
-            stalls.append(checkpointer.save(step, model, optimizer, {}))  # the loop's blocked time, per rank
+            stalls.append(checkpointer.save(step))  # the loop's blocked time, per rank
             checkpointer.close()  # untimed: the background write, before the next save
             dist.barrier()
         figures[f"{mode}_stall_s"] = statistics.median(stalls)
@@ -131,14 +144,7 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
         last_folder = run_dir / "checkpoints" / f"step-{args.saves}"
     assert last_folder is not None
     keys = set(saved_shapes(last_folder))
-    loads = [
-        timed(
-            lambda: load_state(
-                last_folder, model, optimizer, rank=ctx.rank, device=ctx.device, saved_keys=keys, process_group=None
-            )
-        )
-        for _ in range(args.saves)
-    ]
+    loads = [timed(lambda: load_device_state(last_folder, parts, keys)) for _ in range(args.saves)]
     figures["load_s"] = statistics.median(loads)
     figures["loads_s"] = loads
     if ctx.rank == 0:

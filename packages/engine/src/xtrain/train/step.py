@@ -164,27 +164,34 @@ def train_step(
     with span("optimizer", Category.OPTIMIZER):
         with collective("all_reduce losses"):
             logged = _all_reduce_sum(logged, stats_group)
-        aux = 0.0
+        aux = logged.new_zeros(())
         if counts_so_far_LE is not None and prob_sum_LE is not None:
             with collective("all_reduce router probabilities"):
                 prob_sum_LE = _all_reduce_sum(prob_sum_LE, stats_group)
             aux = _exact_balance_loss(counts_so_far_LE, prob_sum_LE, global_batch.routed_tokens)
         with collective("all_reduce gradient norm"):
             grad_norm = clip_grad_norm(list(model.parameters()), settings.max_grad_norm)
-        ce_value, z_value = float(logged[0]), float(logged[1])
-        finite = [np.isfinite(value) for value in (ce_value, grad_norm, aux, z_value)]
-        skipped = not all(finite)
+        # The step's one read from the device: every logged scalar at once, and whether they are all finite
+        # (decided on the device), which says whether the optimizer steps.
+        scalars = torch.stack([logged[0], logged[1], aux.to(logged), grad_norm.to(logged)])
+        finite = scalars.isfinite().all().to(scalars).unsqueeze(0)
+        ce_value, z_value, aux_value, norm_value, all_finite = torch.cat([scalars, finite]).tolist()
+        skipped = not all_finite
         if not skipped:
             optimizer.step()
             if counts_so_far_LE is not None:
                 _update_router_biases(moe_layers, counts_so_far_LE)
         optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss=ce_value, aux_loss=aux, z_loss=z_value, grad_norm=grad_norm, skipped=skipped)
+    return StepResult(loss=ce_value, aux_loss=aux_value, z_loss=z_value, grad_norm=norm_value, skipped=skipped)
 
 
-def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> float:
-    """The global L2 norm of the gradients over all (sharded) parameters; scales them to ``max_norm`` when above
-    it (``max_norm`` 0: measure only). Every rank gets the same norm."""
+def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> Tensor:
+    """The global L2 norm of the gradients over all (sharded) parameters, as a device tensor (no host read);
+    scales them to ``max_norm`` when above it (``max_norm`` 0: measure only). Every rank gets the same norm.
+
+    The scaling is decided on the device (``clip_grads_with_norm_`` multiplies by min(1, max_norm / norm)): when
+    the norm is not finite the gradients become non-finite too, and the step that follows is skipped and drops
+    them, so nothing has to be read to choose."""
     # One group per device mesh: under expert parallelism the experts and the rest are sharded on different
     # meshes, which one DTensor op cannot mix. Each group's norm is summed over the ranks holding its shards.
     by_mesh: dict[object, list[nn.Parameter]] = {}
@@ -192,16 +199,16 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> float:
         if param.grad is not None:
             by_mesh.setdefault(param.grad.device_mesh if isinstance(param.grad, DTensor) else None, []).append(param)
     if not by_mesh:
-        return 0.0
+        return torch.zeros(())
     norms = []
     for group in by_mesh.values():
         norm = torch.nn.utils.get_total_norm([p.grad for p in group if p.grad is not None], norm_type=2.0, foreach=True)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     total = norms[0] if len(norms) == 1 else torch.stack(norms).square().sum().sqrt()
-    if max_norm > 0 and bool(torch.isfinite(total)):
+    if max_norm > 0:
         for group in by_mesh.values():
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
-    return float(total)
+    return total
 
 
 def _spans(collector: Collector | None) -> Callable[[str, Category], AbstractContextManager[object]]:
@@ -222,11 +229,11 @@ def _prob_sums(stats: Sequence[RouterStats]) -> Tensor:
     return torch.stack([s.router_prob_sum.detach() for s in stats]).to(torch.float64)
 
 
-def _exact_balance_loss(counts_LE: Tensor, prob_sum_LE: Tensor, num_tokens: int) -> float:
+def _exact_balance_loss(counts_LE: Tensor, prob_sum_LE: Tensor, num_tokens: int) -> Tensor:
     """The load-balancing loss of the whole global batch (same formula as aux_loss.load_balancing_loss)."""
     num_experts = counts_LE.shape[1]
     per_layer_L = num_experts * (counts_LE * prob_sum_LE).sum(dim=-1) / max(num_tokens, 1) ** 2
-    return float(per_layer_L.mean())
+    return per_layer_L.mean()
 
 
 def _update_router_biases(moe_layers: Sequence[MoEBlock], counts_LE: Tensor) -> None:

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 from deeptrace.collect import Collector
 from deeptrace.rundir import RunWriter, layout
@@ -29,21 +28,30 @@ from deeptrace.spans import Category
 from xtrain import __version__
 from xtrain.config import TrainConfig, to_toml
 from xtrain.data import prepare_corpus
-from xtrain.data.balance import pack_cost
 from xtrain.errors import TrainingStoppedError
 from xtrain.model.flops import training_flops_per_token
 from xtrain.model.transformer import Transformer
 from xtrain.parallel.distributed import Distributed, barrier, close_distributed, init_distributed
 from xtrain.train.build import build_model, compute_dtype, loss_settings, pack_stream, resolve_model_config
 from xtrain.train.checkpoint.locate import ResumePoint
+from xtrain.train.checkpoint.parts import (
+    CountersPart,
+    DataPart,
+    ModelPart,
+    OptimizerPart,
+    RngPart,
+    SchedulePart,
+    TrainingParts,
+)
 from xtrain.train.checkpoint.resume import decide_on_all_ranks, restore
-from xtrain.train.checkpoint.saver import Checkpointer
+from xtrain.train.checkpoint.saver import Checkpointer, RunIdentity
 from xtrain.train.launch import check_world_size
 from xtrain.train.logs import setup_logging
-from xtrain.train.metrics import device_peak_flops, memory_figures, mfu
+from xtrain.train.metrics import device_peak_flops, memory_figures
 from xtrain.train.optimizer import build_optimizer
 from xtrain.train.profiler import kineto_profiler
 from xtrain.train.progress import ProgressLine
+from xtrain.train.reporting import RunFigures, StepFacts, StepReporter
 from xtrain.train.schedule import build_scheduler
 from xtrain.train.step import GlobalBatch, MicroBatch, train_step
 
@@ -84,7 +92,7 @@ def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed, resume: st
         log.warning("%s", warning)
     collector = Collector(run_dir, dist_ctx.rank, world, trace=config.trace.enabled)
     try:
-        model = _run(config, run_dir, dist_ctx, writer, collector, resume_from=decision.point)
+        model = Trainer(config, run_dir, dist_ctx, writer, collector).run(resume_from=decision.point)
     except BaseException as error:
         collector.close("crashed", error=f"{type(error).__name__}: {error}")
         raise
@@ -95,63 +103,172 @@ def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed, resume: st
     return model
 
 
-def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
-    config: TrainConfig,
-    run_dir: Path,
-    dist_ctx: Distributed,
-    writer: RunWriter,
-    collector: Collector,
-    *,
-    resume_from: ResumePoint | None,
-) -> Transformer:
-    started = time.perf_counter()
-    model_cfg = resolve_model_config(config)
-    torch.manual_seed(config.train.seed)
-    model = build_model(config, model_cfg, dist_ctx, collector)
-    dtype = compute_dtype(config, dist_ctx.device)
-    settings = loss_settings(config, model_cfg, dtype, dist_ctx.device)
-    optimizer = build_optimizer(model, config.optim, dist_ctx.device)
-    scheduler = build_scheduler(optimizer, config.optim, config.train.max_steps)
+class Trainer:
+    """One rank of a run: its parts built once from the config, then the loop over optimizer steps.
 
-    # Tokenising a large corpus takes long with no step or collective ending: announced, so watchers wait.
-    with collector.phase("data_prep"):
-        corpus = prepare_corpus(
-            config.data, rank=dist_ctx.rank, world_size=dist_ctx.world_size, barrier=barrier, log=log.info
+    The parts that a checkpoint holds (model, optimizer, schedule, data position, counters, RNG) are DCP
+    ``Stateful`` objects (:mod:`.checkpoint.parts`), registered once with the checkpointer; the loop changes
+    them, the checkpointer asks them for their state, a resume loads it back into them."""
+
+    def __init__(
+        self, config: TrainConfig, run_dir: Path, dist_ctx: Distributed, writer: RunWriter, collector: Collector
+    ) -> None:
+        self.started = time.perf_counter()
+        self.config, self.run_dir, self.dist, self.writer, self.collector = config, run_dir, dist_ctx, writer, collector
+        self.model_cfg = resolve_model_config(config)
+        torch.manual_seed(config.train.seed)
+        self.model = build_model(config, self.model_cfg, dist_ctx, collector)
+        self.dtype = compute_dtype(config, dist_ctx.device)
+        self.settings = loss_settings(config, self.model_cfg, self.dtype, dist_ctx.device)
+        optimizer = build_optimizer(self.model, config.optim, dist_ctx.device)
+        self.scheduler = build_scheduler(optimizer, config.optim, config.train.max_steps)
+        # Tokenising a large corpus takes long with no step or collective ending: announced, so watchers wait.
+        with collector.phase("data_prep"):
+            self.corpus = prepare_corpus(
+                config.data, rank=dist_ctx.rank, world_size=dist_ctx.world_size, barrier=barrier, log=log.info
+            )
+        self.stream = pack_stream(config, self.corpus, dist_ctx.world_size)
+        self.parts = TrainingParts(
+            model=ModelPart(self.model),
+            optimizer=OptimizerPart(self.model, optimizer),
+            rng=RngPart(dist_ctx.rank, dist_ctx.device),
+            schedule=SchedulePart(self.scheduler),
+            data=DataPart(self.stream),
+            counters=CountersPart(),
         )
-    stream = pack_stream(config, corpus, dist_ctx.world_size)
-    start_step = skipped_total = skipped_in_a_row = 0
-    resumed_fields: dict[str, Any] = {}
-    if resume_from is not None:
-        saved = restore(resume_from, model, optimizer, scheduler, stream, rank=dist_ctx.rank, device=dist_ctx.device)
-        start_step = resume_from.step
-        skipped_total, skipped_in_a_row = int(saved["skipped_steps"]), int(saved["skipped_in_a_row"])
-        resumed_fields = {
-            "resumed_from_step": start_step,
-            "resumed_from": str(resume_from.folder),
-            "resumed_from_world_size": resume_from.manifest.world_size,
-        }
+        self.config_toml = to_toml(config)
+        identity = RunIdentity(
+            world_size=dist_ctx.world_size,
+            replicate=config.parallel.replicate,
+            config_toml=self.config_toml,
+            model_config=self.model_cfg.model_dump(mode="json"),
+        )
+        self.checkpointer = Checkpointer(config.checkpoint, run_dir, self.parts, identity, collector)
+        self.peak_flops = device_peak_flops(dist_ctx.device, self.dtype)
+
+    def run(self, *, resume_from: ResumePoint | None) -> Transformer:
+        """Resume (or start), write the run's meta, train to ``train.max_steps``; the trained (sharded) model."""
+        start_step, resumed = self._resume(resume_from)
+        if self.dist.is_main:
+            self._write_meta(start_step)
+        self._log_ready()
+        max_steps = self.config.train.max_steps
+        if start_step >= max_steps:
+            log.info("nothing to train: the checkpoint is at step %d of %d", start_step, max_steps)
+        progress = ProgressLine(max_steps, enabled=self.dist.is_main)
+        figures = RunFigures(
+            self.model_cfg, self.dist.world_size, max_steps, start_step, self.peak_flops, self.dist.is_main
+        )
+        train_started = time.perf_counter()
+        with progress, kineto_profiler(self.config, self.run_dir, self.dist) as profiler:
+            reporter = StepReporter(self.writer, figures, progress)
+            try:
+                for step in range(start_step + 1, max_steps + 1):
+                    facts = self._step(step, train_started, resumed if step == start_step + 1 else {})
+                    if profiler is not None:
+                        profiler.step()
+                    reporter.submit(facts)
+                    self._check_skips(facts)
+            finally:
+                reporter.close()
+        self.checkpointer.close()
+        log.info("trained steps %d to %d in %.1f s", start_step + 1, max_steps, time.perf_counter() - train_started)
+        return self.model
+
+    def _step(self, step: int, train_started: float, resumed: dict[str, Any]) -> StepFacts:
+        """One optimizer step, its checkpoint when one is due, and what was measured of it."""
+        collector, world = self.collector, self.dist.world_size
+        collector.step_begin(step)
+        step_started = time.perf_counter()
+        with collector.span("data", Category.DATA):
+            packs = self.stream.next_packs(self.config.train.global_batch)
+            per_rank = len(packs) // world
+            mine = packs[self.dist.rank * per_rank : (self.dist.rank + 1) * per_rank]
+            micro_batches = [MicroBatch.from_pack(pack, self.dist.device) for pack in mine]
+        data_wait = time.perf_counter() - step_started
+        lr = float(self.scheduler.get_last_lr()[0])  # a Python float: LambdaLR computes it on the host
+        optimizer = self.parts.optimizer.optimizer
+        result = train_step(
+            self.model,
+            optimizer,
+            micro_batches,
+            GlobalBatch.of(packs),
+            self.settings,
+            dp_size=world,
+            collector=collector,
+        )
+        self.scheduler.step()
+        self.parts.counters.record_step(result.skipped)
+        step_time = time.perf_counter() - step_started
+        checkpoint = {}
+        self.checkpointer.poll()
+        if self.checkpointer.due(step, self.config.train.max_steps):
+            checkpoint["checkpoint_stall_s"] = self.checkpointer.save(step)
+        collector.step_end(step)
+        counters = self.parts.counters.counters
+        return StepFacts(
+            step=step,
+            result=result,
+            lr=lr,
+            packs=packs,
+            mine=mine,
+            step_time_s=step_time,
+            data_wait_s=data_wait,
+            wall_s=time.perf_counter() - self.started,
+            train_elapsed_s=time.perf_counter() - train_started,
+            skipped_lines=self.corpus.skipped_lines,
+            skipped_steps=counters.skipped_steps,
+            memory=memory_figures(self.dist.device),
+            checkpoint=checkpoint,
+            resumed=resumed,
+        )
+
+    def _check_skips(self, facts: StepFacts) -> None:
+        """A step that was not finite is said; too many in a row stop the run."""
+        result, limit = facts.result, self.config.train.max_skipped_steps_in_a_row
+        if result.skipped:
+            log.warning(
+                "step %d skipped: loss %s, gradient norm %s (not finite)", facts.step, result.loss, result.grad_norm
+            )
+        in_a_row = self.parts.counters.counters.skipped_in_a_row
+        if in_a_row >= limit:
+            raise TrainingStoppedError(
+                f"stopped at step {facts.step}: {in_a_row} steps in a row had a loss or gradient that is not "
+                f"finite (train.max_skipped_steps_in_a_row = {limit}); lower optim.lr or check the data"
+            )
+
+    def _resume(self, point: ResumePoint | None) -> tuple[int, dict[str, Any]]:
+        """The step to start from, and what the first record says about where the run came from."""
+        if point is None:
+            # --resume auto over a run that never completed a checkpoint starts over, and says so.
+            restarted = layout.metrics_path(self.run_dir).exists()
+            return 0, ({"resumed_from_step": 0, "resumed_from": None} if restarted else {})
+        restore(point, self.parts)
         log.info(
             "resumed from %s at step %d (saved by %d processes, now %d)",
-            resume_from.folder,
-            start_step,
-            resume_from.manifest.world_size,
-            dist_ctx.world_size,
+            point.folder,
+            point.step,
+            point.manifest.world_size,
+            self.dist.world_size,
         )
-    elif layout.metrics_path(run_dir).exists():
-        # --resume auto over a run that never completed a checkpoint: it starts over, and says so.
-        resumed_fields = {"resumed_from_step": 0, "resumed_from": None}
-    peak = device_peak_flops(dist_ctx.device, dtype)
-    config_toml = to_toml(config)
-    if dist_ctx.is_main:
-        writer.write_config_toml(config_toml)
-        writer.write_meta(
+        resumed = {
+            "resumed_from_step": point.step,
+            "resumed_from": str(point.folder),
+            "resumed_from_world_size": point.manifest.world_size,
+        }
+        return point.step, resumed
+
+    def _write_meta(self, start_step: int) -> None:
+        config, dist_ctx = self.config, self.dist
+        self.writer.write_config_toml(self.config_toml)
+        self.writer.write_meta(
             versions={"torch": torch.__version__, "xtrain": __version__},
-            model_flops_per_token=training_flops_per_token(model_cfg, [config.data.pack_tokens]),
-            device_peak_flops=peak,
+            model_flops_per_token=training_flops_per_token(self.model_cfg, [config.data.pack_tokens]),
+            device_peak_flops=self.peak_flops,
             extras={
                 "model": config.model.size or str(config.model.hf_path),
-                "attention_backend": model.attention_backend,
-                "compute_dtype": str(dtype).removeprefix("torch."),
+                "attention_backend": self.model.attention_backend,
+                "compute_dtype": str(self.dtype).removeprefix("torch."),
                 "device": str(dist_ctx.device),
                 "max_steps": config.train.max_steps,
                 "global_batch": config.train.global_batch,
@@ -159,125 +276,15 @@ def _run(  # noqa: PLR0915 (one readable sequence: set up, then the loop)
                 "start_step": start_step,
             },
         )
-    checkpointer = Checkpointer(
-        config.checkpoint,
-        run_dir,
-        rank=dist_ctx.rank,
-        world_size=dist_ctx.world_size,
-        replicate=config.parallel.replicate,
-        device=dist_ctx.device,
-        max_steps=config.train.max_steps,
-        config_toml=config_toml,
-        model_config=model_cfg.model_dump(mode="json"),
-        collector=collector,
-    )
-    log.info(
-        "rank %d/%d on %s: model %s, %s, chunk %d tokens, set up in %.1f s",
-        dist_ctx.rank,
-        dist_ctx.world_size,
-        dist_ctx.device,
-        config.model.size or config.model.hf_path,
-        dtype,
-        settings.chunk_tokens,
-        time.perf_counter() - started,
-    )
-    if start_step >= config.train.max_steps:
-        log.info("nothing to train: the checkpoint is at step %d of %d", start_step, config.train.max_steps)
 
-    per_rank = config.train.global_batch // dist_ctx.world_size
-    progress = ProgressLine(config.train.max_steps, enabled=dist_ctx.is_main)
-    train_started = time.perf_counter()
-    with progress, kineto_profiler(config, run_dir, dist_ctx) as profiler:
-        for step in range(start_step + 1, config.train.max_steps + 1):
-            collector.step_begin(step)
-            step_started = time.perf_counter()
-            with collector.span("data", Category.DATA):
-                packs = stream.next_packs(config.train.global_batch)
-                mine = packs[dist_ctx.rank * per_rank : (dist_ctx.rank + 1) * per_rank]
-                micro_batches = [MicroBatch.from_pack(pack, dist_ctx.device) for pack in mine]
-            data_wait = time.perf_counter() - step_started
-            lr = scheduler.get_last_lr()[0]
-            result = train_step(
-                model,
-                optimizer,
-                micro_batches,
-                GlobalBatch.of(packs),
-                settings,
-                dp_size=dist_ctx.world_size,
-                collector=collector,
-            )
-            scheduler.step()
-            step_time = time.perf_counter() - step_started
-            skipped_total += result.skipped
-            skipped_in_a_row = skipped_in_a_row + 1 if result.skipped else 0
-            checkpoint_fields: dict[str, Any] = {}
-            checkpointer.poll()
-            if checkpointer.due(step):
-                train_state = {
-                    "scheduler": scheduler.state_dict(),
-                    "data": stream.state_dict(),
-                    "skipped_steps": skipped_total,
-                    "skipped_in_a_row": skipped_in_a_row,
-                }
-                checkpoint_fields["checkpoint_stall_s"] = checkpointer.save(step, model, optimizer, train_state)
-            collector.step_end(step)
-            if profiler is not None:
-                profiler.step()
-
-            tokens = sum(len(pack.input_ids) for pack in packs)
-            tokens_per_s = tokens / step_time
-            lengths = [int(n) for pack in packs for n in np.diff(pack.cu_seqlens)]
-            flops_per_token = training_flops_per_token(model_cfg, lengths)
-            writer.append_rank_record(
-                step,
-                step_time_s=step_time,
-                data_wait_s=data_wait,
-                tokens=sum(len(pack.input_ids) for pack in mine),
-                pack_ids=[pack.pack_id for pack in mine],
-                attention_cost=sum(pack_cost(pack.pieces) for pack in mine),
-                **checkpoint_fields,
-                **memory_figures(dist_ctx.device),
-            )
-            if dist_ctx.is_main:
-                fields: dict[str, Any] = {
-                    "loss": result.loss,
-                    "aux_loss": result.aux_loss,
-                    "z_loss": result.z_loss,
-                    "grad_norm": result.grad_norm,
-                    "lr": lr,
-                    "tokens": tokens,
-                    "tokens_per_s": tokens_per_s,
-                    "tokens_per_s_per_device": tokens_per_s / dist_ctx.world_size,
-                    "skipped_lines": corpus.skipped_lines,
-                    "skipped_steps": skipped_total,
-                    "step_time_s": step_time,
-                    "wall_s": time.perf_counter() - started,
-                    "max_steps": config.train.max_steps,
-                    **checkpoint_fields,
-                    **resumed_fields,  # the first record after a resume says where it came from
-                }
-                resumed_fields = {}
-                utilisation = mfu(flops_per_token, tokens_per_s / dist_ctx.world_size, peak)
-                if utilisation is not None:
-                    fields["mfu"] = utilisation
-                if result.skipped:
-                    fields["skipped"] = True
-                writer.append_metrics(step, **fields)
-                elapsed = time.perf_counter() - train_started
-                done = step - start_step
-                progress.update(step, result.loss, tokens_per_s, eta_s=elapsed / done * (config.train.max_steps - step))
-            if result.skipped:
-                log.warning(
-                    "step %d skipped: loss %s, gradient norm %s (not finite)", step, result.loss, result.grad_norm
-                )
-            if skipped_in_a_row >= config.train.max_skipped_steps_in_a_row:
-                raise TrainingStoppedError(
-                    f"stopped at step {step}: {skipped_in_a_row} steps in a row had a loss or gradient that is not "
-                    f"finite (train.max_skipped_steps_in_a_row = {config.train.max_skipped_steps_in_a_row}); "
-                    "lower optim.lr or check the data"
-                )
-    checkpointer.close()
-    log.info(
-        "trained steps %d to %d in %.1f s", start_step + 1, config.train.max_steps, time.perf_counter() - train_started
-    )
-    return model
+    def _log_ready(self) -> None:
+        log.info(
+            "rank %d/%d on %s: model %s, %s, chunk %d tokens, set up in %.1f s",
+            self.dist.rank,
+            self.dist.world_size,
+            self.dist.device,
+            self.config.model.size or self.config.model.hf_path,
+            self.dtype,
+            self.settings.chunk_tokens,
+            time.perf_counter() - self.started,
+        )

@@ -3,22 +3,30 @@
 It is written by rank 0 only after every rank's DCP files are on disk (DCP's coordinator writes ``.metadata``
 once it has gathered every rank's write results, and ``FileSystemWriter`` fsyncs each file), with an atomic
 rename, so a folder either carries a readable marker or is incomplete. Besides marking, it holds what is the same
-on every rank and small — the step, the training state that is not a tensor (LR schedule, data position,
-counters) and the resolved config — so a reader needs no torch to know what a checkpoint is.
+on every rank and small — the step, the training state that is not a tensor (:class:`.train_state.TrainState`:
+LR schedule, data position, counters) and the resolved config — so a reader needs no torch to know what a
+checkpoint is.
+
+Format versions: 1 held the training state as an untyped dict (read and converted, so those checkpoints resume
+exactly); 2 holds a ``TrainState``. A newer version than this code knows is refused with a message naming it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from deeptrace.rundir import layout
+from pydantic import ValidationError
+
+from xtrain.train.checkpoint.train_state import TrainState
 
 FORMAT = "xtrain-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+OLDEST_FORMAT_VERSION = 1
 MARKER = layout.CHECKPOINT_COMPLETE_MARKER
 CONFIG_FILE = "config.toml"
 """The resolved config beside the DCP files, for people (the marker holds the same text)."""
@@ -31,17 +39,25 @@ class Manifest:
     world_size: int
     replicate: int
     """HSDP replicate degree of the saving run (informational: DCP reshards to any mesh)."""
-    train_state: dict[str, Any]
-    """scheduler (LambdaLR state_dict), data (PackStream position), skipped_steps, skipped_in_a_row."""
+    train_state: TrainState
     config_toml: str
     model_config: dict[str, Any]
     """The model's shapes (``ModelConfig``), so an export needs neither the config's files nor a Hugging Face
     folder it started from."""
     xtrain_version: str
     saved_unix_s: float
+    format_version: int = FORMAT_VERSION
+    """The version the marker was written in (older ones are converted when read)."""
 
     def to_json(self) -> str:
-        return json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, **asdict(self)}, indent=1) + "\n"
+        fields = {name: getattr(self, name) for name in _FIELDS if name != "train_state"}
+        document = {"format": FORMAT, **fields, "format_version": FORMAT_VERSION}
+        document["train_state"] = self.train_state.model_dump(mode="json")
+        return json.dumps(document, indent=1) + "\n"
+
+
+_FIELDS = ("step", "world_size", "replicate", "train_state", "config_toml", "model_config", "xtrain_version",
+           "saved_unix_s")  # fmt: skip
 
 
 class ManifestError(ValueError):
@@ -56,12 +72,26 @@ def read_manifest(folder: Path) -> Manifest:
         raise ManifestError(f"{path} is not a readable completion marker ({error})") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ManifestError(f"{path} is not an xtrain checkpoint marker (no format {FORMAT!r})")
-    if raw.get("format_version", 0) > FORMAT_VERSION:
-        raise ManifestError(f"{path} has format version {raw['format_version']}: upgrade xtrain to read it")
+    version = raw.get("format_version")
+    if not isinstance(version, int) or version < OLDEST_FORMAT_VERSION:
+        raise ManifestError(
+            f"{path} has checkpoint format version {version!r}, which this xtrain cannot read "
+            f"(it reads versions {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION})"
+        )
+    if version > FORMAT_VERSION:
+        raise ManifestError(
+            f"{path} has checkpoint format version {version}: upgrade xtrain to read it "
+            f"(this one reads versions {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION})"
+        )
     try:
-        return Manifest(**{key: raw[key] for key in Manifest.__dataclass_fields__})
+        fields = {key: raw[key] for key in _FIELDS}
+        state = fields["train_state"]
+        fields["train_state"] = TrainState.from_version_1(state) if version == 1 else TrainState.model_validate(state)
     except KeyError as missing:
-        raise ManifestError(f"{path} lacks the field {missing}") from None
+        raise ManifestError(f"{path} (format version {version}) lacks the field {missing}") from None
+    except (ValidationError, TypeError) as error:
+        raise ManifestError(f"{path} (format version {version}) has a bad train_state: {error}") from None
+    return Manifest(**fields, format_version=version)
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:

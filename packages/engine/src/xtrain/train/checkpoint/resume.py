@@ -1,9 +1,9 @@
 """Resuming a run in the ranks: which checkpoint (decided once, by rank 0), and restoring every piece of state.
 
-Exactness needs everything that decides the next steps' numbers: the weights and the router's correction bias
-(``model.``), AdamW's moments and step counts (``optim.``), the LR schedule, the data position, the skip
-counters and each rank's generators. On another world size or HSDP shape DCP reshards the tensors; the data
-position does not depend on the world size, so the next step takes exactly the packs it would have taken.
+Exactness needs every part of :class:`.parts.TrainingParts` (the weights and router bias, AdamW's moments, the
+schedule, the data position, the counters, each rank's generators). On another world size or HSDP shape DCP
+reshards the tensors; the data position does not depend on the world size, so the next step takes exactly the
+packs it would have taken.
 """
 
 from __future__ import annotations
@@ -12,18 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
-from torch import nn
-from torch.optim.lr_scheduler import LRScheduler
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from xtrain.data import PackStream
 from xtrain.errors import CheckpointError
 from xtrain.model.config import ModelConfig
 from xtrain.train.checkpoint.compat import check_fits, saved_shapes
 from xtrain.train.checkpoint.locate import ResumePoint, resolve_resume
+from xtrain.train.checkpoint.parts import RNG_PREFIX, Checkpointed, TrainingParts
 from xtrain.train.checkpoint.saver import discard_later_checkpoints
-from xtrain.train.checkpoint.state import load_state
 
 
 @dataclass
@@ -63,28 +60,20 @@ def decide_on_all_ranks(resume: str, run_dir: Path, model_config: ModelConfig, r
     return decision
 
 
-def restore(
-    point: ResumePoint,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: LRScheduler,
-    stream: PackStream,
-    *,
-    rank: int,
-    device: torch.device,
-) -> dict[str, Any]:
-    """Load every piece of state of ``point`` into this rank's objects; returns the saved training state
-    (``skipped_steps``, ``skipped_in_a_row``...) for the loop's counters."""
+def restore(point: ResumePoint, parts: TrainingParts) -> None:
+    """Load every part's state of ``point`` into this rank's objects, resharded to this run's mesh."""
     train_state = point.manifest.train_state
-    stream.load_state_dict(train_state["data"])  # first: a DataError (other data) before any heavy load
-    load_state(
-        point.folder,
-        model,
-        optimizer,
-        rank=rank,
-        device=device,
-        saved_keys=set(saved_shapes(point.folder)),
-        process_group=None,
-    )
-    scheduler.load_state_dict(train_state["scheduler"])
-    return train_state
+    parts.data.load_state_dict(train_state.data)  # first: a DataError (other data) before any heavy load
+    load_device_state(point.folder, parts, set(saved_shapes(point.folder)))
+    parts.load_host_state(train_state)
+
+
+def load_device_state(folder: Path, parts: Checkpointed, saved_keys: set[str]) -> bool:
+    """DCP's load of the model, the optimizer and this rank's generators (when the checkpoint has them: a rank
+    beyond the saving world keeps its seeded ones). Returns whether this rank's generators were restored."""
+    own_rng = parts.rng.expect(saved_keys)
+    state = parts.device_state()
+    if not own_rng:
+        del state[RNG_PREFIX]
+    dcp_load(state, checkpoint_id=folder)
+    return own_rng

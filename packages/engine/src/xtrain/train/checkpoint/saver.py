@@ -13,19 +13,19 @@ collectives on one group. At most one save is in flight: the next one (or the en
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from deeptrace.collect import Collector
 from deeptrace.rundir import layout
-from torch import nn
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save, save
 
 from xtrain import __version__
@@ -33,7 +33,7 @@ from xtrain.config import CheckpointSection
 from xtrain.train.checkpoint.export_background import BackgroundExports
 from xtrain.train.checkpoint.locate import is_complete, step_folders
 from xtrain.train.checkpoint.manifest import CONFIG_FILE, MARKER, Manifest, write_manifest
-from xtrain.train.checkpoint.state import save_state
+from xtrain.train.checkpoint.parts import Checkpointed
 from xtrain.train.checkpoint.storage import CheckpointWriter
 
 log = logging.getLogger("xtrain")
@@ -47,74 +47,78 @@ class _InFlight:
     """None once written (a synchronous save, or an asynchronous one that finished)."""
 
 
+@dataclass(frozen=True)
+class RunIdentity:
+    """What every checkpoint of this run says about the run that saved it (the marker's fixed fields)."""
+
+    world_size: int
+    replicate: int
+    config_toml: str
+    model_config: dict[str, Any]
+    """``ModelConfig`` as JSON: an export needs neither the config's files nor the HF folder it started from."""
+
+
 class Checkpointer:
-    """One per rank; every rank calls every method at the same step (they run collectives)."""
+    """One per rank; every rank calls every method at the same step (they run collectives). The parts it saves
+    are registered once, here; it asks each for its state at save time."""
 
     def __init__(
         self,
         settings: CheckpointSection,
         run_dir: Path,
-        *,
-        rank: int,
-        world_size: int,
-        replicate: int,
-        device: torch.device,
-        max_steps: int,
-        config_toml: str,
-        model_config: dict[str, Any],
+        parts: Checkpointed,
+        identity: RunIdentity,
         collector: Collector | None,
     ) -> None:
         self.settings = settings
         self.run_dir = run_dir
-        self.rank = rank
-        self.world_size = world_size
-        self.replicate = replicate
-        self.device = device
-        self.max_steps = max_steps
-        self.config_toml = config_toml
-        self.model_config = model_config
+        self.parts = parts
+        self.identity = identity
         self.collector = collector
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.group = dist.new_group(backend="gloo") if settings.every_steps else None
         self._in_flight: _InFlight | None = None
         self._writer = CheckpointWriter(layout.checkpoints_dir(run_dir))
-        self._exports = BackgroundExports(run_dir) if rank == 0 and settings.hf_every_steps else None
+        self._exports = BackgroundExports(run_dir) if self.rank == 0 and settings.hf_every_steps else None
 
-    def due(self, step: int) -> bool:
+    def due(self, step: int, last_step: int) -> bool:
         every = self.settings.every_steps
-        return every > 0 and (step % every == 0 or step == self.max_steps)
+        return every > 0 and (step % every == 0 or step == last_step)
 
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, train_state: dict[str, Any]) -> float:
-        """Save the state after optimizer step ``step``; returns how long the training loop was blocked (s)."""
+    def save(self, step: int) -> float:
+        """Save every part's state after optimizer step ``step``; returns how long the loop was blocked (s)."""
         started = time.perf_counter()
         self._finish_in_flight()  # one save in flight at most
         folder = layout.checkpoint_dir(self.run_dir, step)
+        identity = self.identity
         manifest = Manifest(
             step=step,
-            world_size=self.world_size,
-            replicate=self.replicate,
-            train_state=train_state,
-            config_toml=self.config_toml,
-            model_config=self.model_config,
+            world_size=identity.world_size,
+            replicate=identity.replicate,
+            train_state=self.parts.host_state(),
+            config_toml=identity.config_toml,
+            model_config=identity.model_config,
             xtrain_version=__version__,
             saved_unix_s=time.time(),
         )
         if self.rank == 0:
             folder.mkdir(parents=True, exist_ok=True)
-            (folder / CONFIG_FILE).write_text(self.config_toml)
+            (folder / CONFIG_FILE).write_text(identity.config_toml)
         with self._phase():
-            state = save_state(model, optimizer, self.rank, self.device)
-            if self.settings.async_save:
-                response = async_save(
-                    state, checkpoint_id=folder, storage_writer=self._writer, process_group=self.group
-                )
-                # Depending on the stager, DCP answers with the write's future or a response that holds it.
-                future = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
-                self._in_flight = _InFlight(folder, manifest, future)
-            else:
-                save(state, checkpoint_id=folder, storage_writer=self._writer, process_group=self.group)
-                self._in_flight = _InFlight(folder, manifest, None)
+            self._in_flight = _InFlight(folder, manifest, self._write(folder))
+            if self._in_flight.future is None:
                 self._finish_in_flight()
         return time.perf_counter() - started
+
+    def _write(self, folder: Path) -> Future[Any] | None:
+        """DCP's save of the device parts; an asynchronous one returns the write's future."""
+        state = self.parts.device_state()
+        if not self.settings.async_save:
+            save(state, checkpoint_id=folder, storage_writer=self._writer, process_group=self.group)
+            return None
+        response = async_save(state, checkpoint_id=folder, storage_writer=self._writer, process_group=self.group)
+        # Depending on the stager, DCP answers with the write's future or a response that holds it.
+        return response.upload_completion if isinstance(response, AsyncSaveResponse) else response
 
     def poll(self) -> None:
         """Finish an asynchronous save whose files are all written (marker, clean-up); never blocks."""
@@ -155,9 +159,7 @@ class Checkpointer:
                 (folder / MARKER).unlink(missing_ok=True)
                 shutil.rmtree(folder, ignore_errors=True)
 
-    def _phase(self) -> Any:
-        import contextlib  # noqa: PLC0415
-
+    def _phase(self) -> AbstractContextManager[object]:
         if self.collector is None:
             return contextlib.nullcontext()
         return self.collector.phase("checkpoint")

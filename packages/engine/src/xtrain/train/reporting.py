@@ -1,0 +1,152 @@
+"""The step's records, built and written beside the loop: off its critical path.
+
+After an optimizer step the loop hands over what it measured (:class:`StepFacts`) and goes on with the next
+step. A thread of this rank turns the facts into records — FLOP accounting over the packed documents, MFU, the
+per-rank record, rank 0's metrics record and progress line — and appends them to the run directory. ``close``
+writes what is left, so every record of a finished (or failed) run is on disk when the trainer returns; an error
+of the writer thread is raised in the loop at the next step.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from deeptrace.rundir import RunWriter
+
+from xtrain.data import Pack
+from xtrain.data.balance import pack_cost
+from xtrain.model.config import ModelConfig
+from xtrain.model.flops import training_flops_per_token
+from xtrain.train.metrics import mfu
+from xtrain.train.progress import ProgressLine
+from xtrain.train.step import StepResult
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """What every record of the run shares."""
+
+    model_config: ModelConfig
+    world_size: int
+    max_steps: int
+    start_step: int
+    peak_flops: float | None
+    is_main: bool
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    step: int
+    result: StepResult
+    lr: float
+    packs: list[Pack]
+    """Every rank's packs of the step (the global batch)."""
+    mine: list[Pack]
+    """This rank's slice of them."""
+    step_time_s: float
+    data_wait_s: float
+    wall_s: float
+    train_elapsed_s: float
+    skipped_lines: int
+    skipped_steps: int
+    memory: dict[str, int]
+    checkpoint: dict[str, float] = field(default_factory=dict)
+    """``checkpoint_stall_s`` when the step saved."""
+    resumed: dict[str, Any] = field(default_factory=dict)
+    """Where the run came from, on the first record after a resume."""
+
+
+class StepReporter:
+    def __init__(self, writer: RunWriter, figures: RunFigures, progress: ProgressLine) -> None:
+        self.writer = writer
+        self.figures = figures
+        self.progress = progress
+        self._queue: queue.Queue[StepFacts | None] = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name="xtrain-step-records", daemon=True)
+        self._thread.start()
+
+    def submit(self, facts: StepFacts) -> None:
+        self._raise_error()
+        self._queue.put(facts)
+
+    def close(self) -> None:
+        """Write every record handed over so far, then stop the thread."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        self._raise_error()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"writing the step records failed: {error}") from error
+
+    def _work(self) -> None:
+        while (facts := self._queue.get()) is not None:
+            if self._error is not None:
+                continue  # the loop raises it; later records are not written over a gap
+            try:
+                self._write(facts)
+            except BaseException as error:  # handed to the loop, which stops
+                self._error = error
+
+    def _write(self, facts: StepFacts) -> None:
+        self.writer.append_rank_record(facts.step, **rank_fields(facts))
+        if self.figures.is_main:
+            self.writer.append_metrics(facts.step, **metrics_fields(facts, self.figures))
+            done = facts.step - self.figures.start_step
+            eta = facts.train_elapsed_s / done * (self.figures.max_steps - facts.step)
+            self.progress.update(facts.step, facts.result.loss, _tokens(facts.packs) / facts.step_time_s, eta_s=eta)
+
+
+def rank_fields(facts: StepFacts) -> dict[str, Any]:
+    return {
+        "step_time_s": facts.step_time_s,
+        "data_wait_s": facts.data_wait_s,
+        "tokens": _tokens(facts.mine),
+        "pack_ids": [pack.pack_id for pack in facts.mine],
+        "attention_cost": sum(pack_cost(pack.pieces) for pack in facts.mine),
+        **facts.checkpoint,
+        **facts.memory,
+    }
+
+
+def metrics_fields(facts: StepFacts, figures: RunFigures) -> dict[str, Any]:
+    result = facts.result
+    tokens = _tokens(facts.packs)
+    tokens_per_s = tokens / facts.step_time_s
+    fields: dict[str, Any] = {
+        "loss": result.loss,
+        "aux_loss": result.aux_loss,
+        "z_loss": result.z_loss,
+        "grad_norm": result.grad_norm,
+        "lr": facts.lr,
+        "tokens": tokens,
+        "tokens_per_s": tokens_per_s,
+        "tokens_per_s_per_device": tokens_per_s / figures.world_size,
+        "skipped_lines": facts.skipped_lines,
+        "skipped_steps": facts.skipped_steps,
+        "step_time_s": facts.step_time_s,
+        "wall_s": facts.wall_s,
+        "max_steps": figures.max_steps,
+        **facts.checkpoint,
+        **facts.resumed,
+    }
+    lengths = [int(n) for pack in facts.packs for n in np.diff(pack.cu_seqlens)]
+    utilisation = mfu(
+        training_flops_per_token(figures.model_config, lengths), tokens_per_s / figures.world_size, figures.peak_flops
+    )
+    if utilisation is not None:
+        fields["mfu"] = utilisation
+    if result.skipped:
+        fields["skipped"] = True
+    return fields
+
+
+def _tokens(packs: list[Pack]) -> int:
+    return sum(len(pack.input_ids) for pack in packs)
