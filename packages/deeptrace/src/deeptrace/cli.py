@@ -146,6 +146,65 @@ def analyze(
         sys.exit(EXIT_RULE_MET)
 
 
+def _step_choice(value: str) -> str | int:
+    """--step: 'first', 'all' or a step number."""
+    if value in ("first", "all"):
+        return value
+    if value.isdigit():
+        return int(value)
+    _fail(f"--step {value}: give a step number, 'first' or 'all'")
+    return value  # _fail exits
+
+
+@main.command()
+@click.argument("run_a", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("run_b", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--rank", type=click.IntRange(min=0), default=None,
+              help="Rank whose ops, spans and collectives are compared (default: the lowest of each).")  # fmt: skip
+@click.option("--step", "step", default="first", show_default=True, metavar="N|all|first",
+              help="Profiler (or optimizer) step compared on both sides; 'all' takes every step.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the diff as JSON instead of tables.")
+@click.option("--output", "-o", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Write diff.json, diff.md and diff.png into DIR.")  # fmt: skip
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Parallel processes (default: CPUs).")
+@click.option("--no-png", is_flag=True, help="With --output: skip diff.png.")
+def diff(
+    *, run_a: Path, run_b: Path, rank: int | None, step: str, as_json: bool, output: Path | None, jobs: int | None,
+    no_png: bool,
+) -> None:  # fmt: skip
+    """What changed from RUN_A to RUN_B (run directories or folders of Kineto traces): per op, per kind of
+    collective, per rank and per span, largest changes first (docs/deeptrace.md, "deeptrace diff")."""
+    choice = _step_choice(step)
+    from deeptrace.diff.compare import compare  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+    from deeptrace.diff.render import diff_json_bytes, render_terminal, write_outputs  # noqa: PLC0415  # lazy
+    from deeptrace.diff.side import DiffInputError, load_side  # noqa: PLC0415  # lazy
+
+    def warn(message: str) -> None:
+        click.echo(f"deeptrace: warning: {message}", err=True)
+
+    try:
+        side_a = load_side(run_a, rank, jobs, warn)
+        side_b = load_side(run_b, rank, jobs, warn)
+        report = compare(side_a, side_b, choice, warn)  # type: ignore[arg-type]  # _step_choice checked it
+    except DiffInputError as err:
+        _fail(str(err))
+    if output is not None:
+        try:
+            written = write_outputs(report, output, png=not no_png)
+        except OSError as err:
+            _fail(f"{output}: cannot write the diff ({err})")
+    if as_json:
+        sys.stdout.buffer.write(diff_json_bytes(report))
+        sys.stdout.flush()
+        return
+    from rich.console import Console  # noqa: PLC0415  # lazy: keeps --help and light commands fast
+
+    console = Console()
+    render_terminal(report, console)
+    if output is not None:
+        console.print("Written: " + ", ".join(str(p) for p in written.values()))
+
+
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--threshold", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,

@@ -77,4 +77,6 @@ def exclusive_nesting(table: RankTable) -> RankTable:
     table.end_ns = np.asarray(ends, np.int64)[order]
     for column in ("category", "track", "name_id", "step", "group_id", "seq", "in_window"):
         setattr(table, column, getattr(table, column)[index])
+    if table.nbytes is not None:
+        table.nbytes = table.nbytes[index]
     return table

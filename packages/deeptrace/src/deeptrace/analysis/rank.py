@@ -16,6 +16,7 @@ import numpy.typing as npt
 from deeptrace.analysis import intervals as iv
 from deeptrace.analysis.breakdown import RankBreakdown, rank_breakdown
 from deeptrace.analysis.collectives import CollectiveLog, collective_log
+from deeptrace.analysis.kinds import RankKinds, rank_kinds
 from deeptrace.analysis.nesting import exclusive_nesting
 from deeptrace.analysis.table import CATEGORIES, CODE, RankTable, table_from_spans
 from deeptrace.classify import ClassifyConfig, KernelClassifier
@@ -64,6 +65,7 @@ class RankResult:
     merge_rows: MergeRows | None = None
     timing: str = "gpu"  # RankTable.timing
     timing_note: str | None = None
+    kinds: RankKinds | None = None  # exposure per kind of collective (analysis/kinds.py)
 
     @property
     def has_comm(self) -> bool:
@@ -121,6 +123,7 @@ def analyse_rank(job: RankJob) -> RankResult:
         merge_rows=_merge_rows(table) if job.keep_rows else None,
         timing=table.timing,
         timing_note=table.timing_note,
+        kinds=rank_kinds(table),
     )
 
 

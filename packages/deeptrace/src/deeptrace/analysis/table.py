@@ -53,6 +53,9 @@ class RankTable:
     # deeptrace.kineto.cpu_timing) or "spans" (collector spans); timing_note says how a CPU trace was read.
     timing: str = "gpu"
     timing_note: str | None = None
+    # Bytes a row moved (collectives): the collector's nbytes, or the NCCL message size of a Kineto kernel;
+    # -1 where unknown. None when the input never says (CPU-only traces).
+    nbytes: npt.NDArray[np.int64] | None = None
 
     def __len__(self) -> int:
         return int(self.start_ns.size)
@@ -79,7 +82,7 @@ def table_from_spans(
 ) -> RankTable:
     """A RankTable of collector Spans; `offset_ns` turns the rank's clock into wall time (wall = t + offset)."""
     names, tracks, groups = _Interner(), _Interner(), _Interner()
-    cols: dict[str, list[int]] = {k: [] for k in ("s", "e", "c", "t", "n", "st", "g", "q")}
+    cols: dict[str, list[int]] = {k: [] for k in ("s", "e", "c", "t", "n", "st", "g", "q", "b")}
     for span in spans:
         cols["s"].append(span.start_ns + offset_ns)
         cols["e"].append(span.end_ns + offset_ns)
@@ -89,6 +92,7 @@ def table_from_spans(
         cols["st"].append(NO_STEP if span.step is None else span.step)
         cols["g"].append(-1 if span.group is None else groups(span.group))
         cols["q"].append(-1 if span.seq is None else span.seq)
+        cols["b"].append(-1 if span.nbytes is None else span.nbytes)
     steps = sorted({s for s in cols["st"] if s != NO_STEP})
     table = RankTable(
         rank=rank,
@@ -109,6 +113,7 @@ def table_from_spans(
         complete_steps=steps,
         world_size=world_size,
         timing="spans",
+        nbytes=np.asarray(cols["b"], np.int64),
     )
     other = table.mask(Category.OTHER)
     table.unclassified.update(table.names[i] for i in table.name_id[other])

@@ -34,6 +34,9 @@ from deeptrace.spans import Category
 KINETO_MARKERS = ("schemaVersion", "distributedInfo", "deviceProperties")
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
 _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
+# Bytes per element of the `dtype` names Kineto writes into an NCCL kernel's metadata.
+_DTYPE_BYTES = {"Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Int": 4, "Long": 8, "Short": 2, "Char": 1,
+                "Byte": 1, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1}  # fmt: skip
 
 
 def _ns(us: Any) -> int:
@@ -47,6 +50,29 @@ def rank_from_file_name(path: Path) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def trace_rank(meta: dict[str, Any], path: Path) -> tuple[int, int | None, list[str]]:
+    """(rank, world size, warnings) of a trace from its metadata, else the rank from the file name."""
+    info = meta.get("distributedInfo")
+    info = info if isinstance(info, dict) else {}
+    rank = info.get("rank") if isinstance(info.get("rank"), int) else None
+    warnings: list[str] = []
+    if rank is None:
+        rank = rank_from_file_name(path)
+        if rank is None:
+            raise TraceInputError(path, "no distributedInfo.rank and no rank-N in the file name: cannot tell the rank")
+        warnings.append(f"{path}: no distributedInfo.rank in the trace; rank {rank} taken from the file name")
+    world_size = info.get("world_size") if isinstance(info.get("world_size"), int) else None
+    return rank, world_size, warnings
+
+
+def nccl_message_bytes(args: dict[str, Any]) -> int:
+    """Bytes of an NCCL kernel's message from Kineto's metadata: the larger of input and output (an all-gather's
+    output, a reduce-scatter's input: the full tensor), -1 when the metadata is absent."""
+    size = _DTYPE_BYTES.get(str(args.get("dtype")))
+    nelems = [n for n in (args.get("In msg nelems"), args.get("Out msg nelems")) if isinstance(n, int)]
+    return max(nelems) * size if size is not None and nelems else -1
+
+
 class _Collected:
     """What one pass over the events keeps, in compact arrays."""
 
@@ -55,6 +81,7 @@ class _Collected:
         self.start, self.end, self.correlation, self.seq = array("q"), array("q"), array("q"), array("q")
         self.category = array("b")
         self.track, self.name, self.group = array("i"), array("i"), array("i")
+        self.nbytes = array("q")
         self.names, self.tracks, self.groups = _Interner(), _Interner(), _Interner()
         self.launch_corr, self.launch_ts = array("q"), array("q")
         self.steps: list[tuple[int, int, int]] = []  # (step number, start ns, end ns) of ProfilerStep CPU spans
@@ -99,9 +126,11 @@ class _Collected:
             self.group.append(self.groups(f"pg {group}" if group is not None else f"stream {args.get('stream')}"))
             seq = args.get("Seq", args.get("seq"))
             self.seq.append(int(seq) if isinstance(seq, int | str) and str(seq).isdigit() else -1)
+            self.nbytes.append(nccl_message_bytes(args))
         else:
             self.group.append(-1)
             self.seq.append(-1)
+            self.nbytes.append(-1)
 
 
 def read_kineto(path: Path, classifier: KernelClassifier | None = None) -> RankTable:
@@ -127,16 +156,7 @@ def read_kineto(path: Path, classifier: KernelClassifier | None = None) -> RankT
             "a Chrome trace without Kineto's markers (schemaVersion, distributedInfo, deviceProperties): not a"
             " PyTorch profiler trace; skipped",
         )
-    warnings: list[str] = []
-    info = meta.get("distributedInfo")
-    info = info if isinstance(info, dict) else {}
-    rank = info.get("rank") if isinstance(info.get("rank"), int) else None
-    if rank is None:
-        rank = rank_from_file_name(path)
-        if rank is None:
-            raise TraceInputError(path, "no distributedInfo.rank and no rank-N in the file name: cannot tell the rank")
-        warnings.append(f"{path}: no distributedInfo.rank in the trace; rank {rank} taken from the file name")
-    world_size = info.get("world_size") if isinstance(info.get("world_size"), int) else None
+    rank, world_size, warnings = trace_rank(meta, path)
     base_ns = meta.get("baseTimeNanoseconds")
     offset = int(base_ns) if isinstance(base_ns, int) else 0
     # No GPU event at all: a CPU-only run (gloo). Its truth is in the CPU threads, read in a second pass so that
@@ -173,6 +193,7 @@ def _build_table(path: Path, rank: int, kept: _Collected, offset: int) -> RankTa
         complete_steps=placed.complete,
         unclassified=kept.unclassified,
         warnings=placed.warnings,
+        nbytes=np.frombuffer(kept.nbytes, np.int64).copy(),
     )
 
 

@@ -58,6 +58,18 @@ class RankCollectives(_Model):
     waited_ms: float
 
 
+class KindExposure(_Model):
+    """One kind (all_gather, reduce_scatter, all_reduce, all_to_all, p2p, other) or purpose of collective on a
+    rank: over the analysis window, and the mean per complete step with its share of the mean step window."""
+
+    count: int
+    bytes: int | None  # null where the input gives no sizes
+    total_ms: float
+    exposed_ms: float
+    exposed_ms_per_step: float | None
+    exposed_pct_of_step: float | None
+
+
 class RankReport(_Model):
     source: Literal["kineto", "collector"]
     path: str
@@ -71,6 +83,8 @@ class RankReport(_Model):
     unclassified_kernels: dict[str, int]
     clock_offset_ms: float
     collectives: RankCollectives
+    collective_kinds: dict[str, KindExposure] = Field(default_factory=dict)
+    collective_purposes: dict[str, KindExposure] = Field(default_factory=dict)  # collector names only
 
 
 class InputStatus(_Model):

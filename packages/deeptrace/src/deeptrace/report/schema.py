@@ -12,6 +12,7 @@ import numpy as np
 
 from deeptrace import __version__
 from deeptrace.analysis.breakdown import WindowBreakdown
+from deeptrace.analysis.rank import RankResult
 from deeptrace.analysis.run import RunAnalysis
 from deeptrace.report.model import SCHEMA, SCHEMA_VERSION, Report
 
@@ -30,6 +31,30 @@ def _window(b: WindowBreakdown) -> dict[str, Any]:
     if b.window_ms > 0:
         for part in PARTS:
             out[f"{part}_pct"] = round(100.0 * getattr(b, f"{part}_ms") / b.window_ms, 2)
+    return out
+
+
+def _kinds(result: RankResult, purposes: bool) -> dict[str, Any]:
+    """report.json's collective_kinds (or collective_purposes) of one rank."""
+    kinds = result.kinds
+    if kinds is None:
+        return {}
+    step_ms = [s.window_ms for s in result.breakdown.steps]
+    mean_step_ms = float(np.mean(step_ms)) if step_ms else 0.0
+    out: dict[str, Any] = {}
+    for kind, fig in (kinds.purposes if purposes else kinds.kinds).items():
+        per_step = kinds.exposed_ns_per_step(kind, purposes)
+        per_step_ms = None if per_step is None else per_step / NS_PER_MS
+        out[kind] = {
+            "count": fig.count,
+            "bytes": fig.nbytes if fig.nbytes >= 0 else None,
+            "total_ms": round(fig.total_ns / NS_PER_MS, 4),
+            "exposed_ms": round(fig.exposed_ns / NS_PER_MS, 4),
+            "exposed_ms_per_step": _round(per_step_ms),
+            "exposed_pct_of_step": (
+                round(100.0 * per_step_ms / mean_step_ms, 2) if per_step_ms is not None and mean_step_ms > 0 else None
+            ),
+        }
     return out
 
 
@@ -66,6 +91,8 @@ def _report_object(analysis: RunAnalysis) -> dict[str, Any]:
                 "caused_wait_ms": round(arrival.caused_wait_ns / NS_PER_MS, 4) if arrival else 0.0,
                 "waited_ms": round(arrival.waited_ns / NS_PER_MS, 4) if arrival else 0.0,
             },
+            "collective_kinds": _kinds(result, purposes=False),
+            "collective_purposes": _kinds(result, purposes=True),
         }
     skew_ms = np.asarray(analysis.skew.skew_ns, dtype=np.float64) / NS_PER_MS
     worst: list[int] = np.argsort(-skew_ms, kind="stable")[:10].tolist() if skew_ms.size else []
