@@ -103,6 +103,30 @@ class MicroBatch:
         )
 
 
+@dataclass(frozen=True)
+class _StepContext:
+    """What is the same for every micro-batch of a step."""
+
+    global_batch: GlobalBatch
+    settings: LossSettings
+    dp_size: int
+    num_micro: int
+    collector: Collector | None
+    stats_group: dist.ProcessGroup | None
+
+
+@dataclass
+class _Accumulated:
+    """What this rank's micro-batches add up to before the update (device tensors, no host read)."""
+
+    logged: Tensor
+    """[cross-entropy share, z-loss share], summed over the micro-batches."""
+    counts: Tensor | None = None
+    """[L, E] tokens routed to each expert of each MoE layer, summed over all ranks, so far."""
+    prob_sums: Tensor | None = None
+    """[L, E] router probabilities summed over this rank's tokens (all ranks' after the step's reduction)."""
+
+
 def train_step(
     model: Transformer,
     optimizer: torch.optim.Optimizer,
@@ -120,68 +144,77 @@ def train_step(
     ``stats_group``: the ranks whose tokens make the global batch, over which the router counts, probabilities
     and logged losses are summed (None: all ranks). Under expert parallelism that is still every rank: the ranks
     of an ep group route different tokens (each counts its own tokens, not the rows its experts receive)."""
-    span = _spans(collector)
-    collective = _collectives(collector)
-    moe_layers = [block for layer in model.layers if isinstance(block := getattr(layer, "moe", None), MoEBlock)]
-    num_micro = len(micro_batches)
     device = micro_batches[0].input_ids.device
-    counts_so_far_LE: Tensor | None = None
-    prob_sum_LE: Tensor | None = None
-    # Summed over this rank's micro-batches: [cross-entropy share, z-loss share].
-    logged = torch.zeros(2, dtype=torch.float64, device=device)
+    context = _StepContext(global_batch, settings, dp_size, len(micro_batches), collector, stats_group)
+    acc = _Accumulated(logged=torch.zeros(2, dtype=torch.float64, device=device))
     for index, batch in enumerate(micro_batches):
-        labels_T = batch.labels
+        _forward_backward(model, batch, index, context, acc)
+    with _spans(collector)("optimizer", Category.OPTIMIZER):
+        return _update(model, optimizer, acc, context)
 
-        def head(hidden_TD: Tensor, weight_VD: Tensor, labels_T: Tensor = labels_T) -> Tensor:
-            return chunked_cross_entropy(
-                hidden_TD,
-                weight_VD,
-                labels_T,
-                normaliser=global_batch.target_tokens,
-                chunk_tokens=settings.chunk_tokens,
-            )
 
-        with span("forward", Category.COMPUTE):
-            ce, stats = model.forward_with_head(batch.input_ids, documents=batch.documents, head=head)
-        loss = ce
-        if stats:
-            with collective("all_reduce expert counts"):
-                counts_LE = _all_reduce_sum(
-                    torch.stack([s.tokens_per_expert for s in stats]).to(torch.float64), stats_group
-                )
-            counts_so_far_LE = counts_LE if counts_so_far_LE is None else counts_so_far_LE + counts_LE
-            estimate_LE = counts_so_far_LE * (num_micro / (index + 1))
-            balance = load_balancing_loss(stats, estimate_LE, global_batch.routed_tokens)
-            z = router_z_loss(stats, global_num_tokens=global_batch.routed_tokens)
-            loss = loss + settings.aux_loss_coef * balance + settings.z_loss_coef * z
-            detached_prob_LE = _prob_sums(stats)
-            prob_sum_LE = detached_prob_LE if prob_sum_LE is None else prob_sum_LE + detached_prob_LE
-            logged[1] += z.detach().double()
-        logged[0] += ce.detach().double()
-        with span("backward", Category.COMPUTE):
-            (loss * dp_size).backward()  # type: ignore[no-untyped-call]  # torch's backward is untyped
+def _forward_backward(
+    model: Transformer, batch: MicroBatch, index: int, context: _StepContext, acc: _Accumulated
+) -> None:
+    """Micro-batch ``index`` of the step: its losses (global-batch normalised) and their backward."""
+    global_batch, settings = context.global_batch, context.settings
+    span = _spans(context.collector)
 
-    with span("optimizer", Category.OPTIMIZER):
-        with collective("all_reduce losses"):
-            logged = _all_reduce_sum(logged, stats_group)
-        aux = logged.new_zeros(())
-        if counts_so_far_LE is not None and prob_sum_LE is not None:
-            with collective("all_reduce router probabilities"):
-                prob_sum_LE = _all_reduce_sum(prob_sum_LE, stats_group)
-            aux = _exact_balance_loss(counts_so_far_LE, prob_sum_LE, global_batch.routed_tokens)
-        with collective("all_reduce gradient norm"):
-            grad_norm = clip_grad_norm(list(model.parameters()), settings.max_grad_norm)
-        # The step's one read from the device: every logged scalar at once, and whether they are all finite
-        # (decided on the device), which says whether the optimizer steps.
-        scalars = torch.stack([logged[0], logged[1], aux.to(logged), grad_norm.to(logged)])
-        finite = scalars.isfinite().all().to(scalars).unsqueeze(0)
-        ce_value, z_value, aux_value, norm_value, all_finite = torch.cat([scalars, finite]).tolist()
-        skipped = not all_finite
-        if not skipped:
-            optimizer.step()
-            if counts_so_far_LE is not None:
-                _update_router_biases(moe_layers, counts_so_far_LE)
-        optimizer.zero_grad(set_to_none=True)
+    def head(hidden_TD: Tensor, weight_VD: Tensor) -> Tensor:
+        return chunked_cross_entropy(
+            hidden_TD,
+            weight_VD,
+            batch.labels,
+            normaliser=global_batch.target_tokens,
+            chunk_tokens=settings.chunk_tokens,
+        )
+
+    with span("forward", Category.COMPUTE):
+        ce, stats = model.forward_with_head(batch.input_ids, documents=batch.documents, head=head)
+    loss = ce
+    if stats:
+        with _collectives(context.collector)("all_reduce expert counts"):
+            counts_LE = torch.stack([s.tokens_per_expert for s in stats]).to(torch.float64)
+            counts_LE = _all_reduce_sum(counts_LE, context.stats_group)
+        acc.counts = counts_LE if acc.counts is None else acc.counts + counts_LE
+        estimate_LE = acc.counts * (context.num_micro / (index + 1))
+        balance = load_balancing_loss(stats, estimate_LE, global_batch.routed_tokens)
+        z = router_z_loss(stats, global_num_tokens=global_batch.routed_tokens)
+        loss = loss + settings.aux_loss_coef * balance + settings.z_loss_coef * z
+        detached_prob_LE = _prob_sums(stats)
+        acc.prob_sums = detached_prob_LE if acc.prob_sums is None else acc.prob_sums + detached_prob_LE
+        acc.logged[1] += z.detach().double()
+    acc.logged[0] += ce.detach().double()
+    with span("backward", Category.COMPUTE):
+        (loss * context.dp_size).backward()  # type: ignore[no-untyped-call]  # torch's backward is untyped
+
+
+def _update(
+    model: Transformer, optimizer: torch.optim.Optimizer, acc: _Accumulated, context: _StepContext
+) -> StepResult:
+    """Reduce the logged losses, clip, and step the optimizer unless something is not finite."""
+    collective = _collectives(context.collector)
+    with collective("all_reduce losses"):
+        logged = _all_reduce_sum(acc.logged, context.stats_group)
+    aux = logged.new_zeros(())
+    if acc.counts is not None and acc.prob_sums is not None:
+        with collective("all_reduce router probabilities"):
+            prob_sum_LE = _all_reduce_sum(acc.prob_sums, context.stats_group)
+        aux = _exact_balance_loss(acc.counts, prob_sum_LE, context.global_batch.routed_tokens)
+    with collective("all_reduce gradient norm"):
+        grad_norm = clip_grad_norm(list(model.parameters()), context.settings.max_grad_norm)
+    # The step's one read from the device: every logged scalar at once, and whether they are all finite
+    # (decided on the device), which says whether the optimizer steps.
+    scalars = torch.stack([logged[0], logged[1], aux.to(logged), grad_norm.to(logged)])
+    finite = scalars.isfinite().all().to(scalars).unsqueeze(0)
+    ce_value, z_value, aux_value, norm_value, all_finite = torch.cat([scalars, finite]).tolist()
+    skipped = not all_finite
+    if not skipped:
+        optimizer.step()
+        if acc.counts is not None:
+            moe_layers = [block for layer in model.layers if isinstance(block := getattr(layer, "moe", None), MoEBlock)]
+            _update_router_biases(moe_layers, acc.counts)
+    optimizer.zero_grad(set_to_none=True)
     return StepResult(loss=ce_value, aux_loss=aux_value, z_loss=z_value, grad_norm=norm_value, skipped=skipped)
 
 
