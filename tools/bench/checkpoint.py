@@ -108,8 +108,9 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
     class DeviceParts:
         """What the checkpointer saves: the trainer's device parts; no schedule or data in this benchmark."""
 
-        rng = RngPart(ctx.rank, ctx.device)
-        tensors = {"model": ModelPart(model), "optim": OptimizerPart(model, optimizer), "rng": rng}
+        def __init__(self) -> None:
+            self.rng = RngPart(ctx.rank, ctx.device)
+            self.tensors = {"model": ModelPart(model), "optim": OptimizerPart(model, optimizer), "rng": self.rng}
 
         def device_state(self) -> dict[str, Any]:
             return dict(self.tensors)
