@@ -1,8 +1,20 @@
-"""The PyTorch profiler over the steps of ``trace.profile_steps``: one Kineto trace per rank in RUN_DIR/profiler/."""
+"""The PyTorch profiler over the steps of ``trace.profile_steps``: one Kineto trace per rank in RUN_DIR/profiler/.
+
+Kineto (libkineto, C++) writes notices straight to file descriptor 2 when a trace starts and stops
+(``USDT:... SyncActivityProfilerHandler.cpp:52] profiler_start`` and ``profiler_stop``), whatever
+``KINETO_LOG_LEVEL`` says, so every rank printed them to the user's terminal. While the profiler changes state
+(its start, each ``step()``, its stop), descriptor 2 goes to a temporary file instead; afterwards Kineto's
+informational lines are appended to the rank's log and everything else (a warning, an error, a Python
+traceback) is written to the real stderr, so real errors stay visible.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +23,62 @@ from deeptrace.rundir import layout
 
 from xtrain.config import TrainConfig
 from xtrain.parallel.distributed import Distributed
+
+# Kineto's informational lines: LEVEL:YYYY-MM-DD HH:MM:SS PID:TID File.cpp:LINE] text. WARNING and ERROR lines
+# are not matched: they go on to the terminal.
+_KINETO_NOTICE = re.compile(rb"^(?:USDT|INFO|STAGE|VERBOSE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+:\d+\] ")
+
+
+@contextlib.contextmanager
+def kineto_notices_to(log_path: Path) -> Iterator[None]:
+    """Within the block, what is written to file descriptor 2 is held back; at its end Kineto's notices are
+    appended to ``log_path`` and the rest is written to descriptor 2 as it came."""
+    sys.stderr.flush()  # Python's buffered stderr text belongs before the block, where it was written
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            notices, others = _split(held.read())
+            if notices:
+                with log_path.open("ab") as log_file:
+                    log_file.write(notices)
+            if others:
+                os.write(2, others)
+
+
+def _split(text: bytes) -> tuple[bytes, bytes]:
+    """(Kineto's notices, everything else), each in the order written."""
+    notices: list[bytes] = []
+    others: list[bytes] = []
+    for line in text.splitlines(keepends=True):
+        (notices if _KINETO_NOTICE.match(line) else others).append(line)
+    return b"".join(notices), b"".join(others)
+
+
+class _QuietProfile(torch.profiler.profile):
+    """``torch.profiler.profile`` whose state changes keep Kineto's notices in the rank's log."""
+
+    def __init__(self, log_path: Path, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]  # the keyword arguments of the profiler, passed on
+        self._log_path = log_path
+
+    def start(self) -> None:
+        with kineto_notices_to(self._log_path):
+            super().start()
+
+    def step(self) -> None:
+        with kineto_notices_to(self._log_path):
+            super().step()
+
+    def stop(self) -> None:
+        with kineto_notices_to(self._log_path):
+            super().stop()
 
 
 @contextlib.contextmanager
@@ -45,5 +113,7 @@ def kineto_profiler(
     def save(prof: torch.profiler.profile) -> None:
         prof.export_chrome_trace(str(out / f"rank-{dist_ctx.rank}.json"))
 
-    with torch.profiler.profile(activities=activities, schedule=which, on_trace_ready=save) as prof:
+    log_path = layout.log_path(run_dir, dist_ctx.rank)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with _QuietProfile(log_path, activities=activities, schedule=which, on_trace_ready=save) as prof:
         yield prof

@@ -20,6 +20,7 @@ their local part, duck-typed (``to_local``), so this package needs no torch.dist
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Sequence
 
 import torch
@@ -42,18 +43,18 @@ def local_part(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if to_local is None else to_local()
 
 
-class RoutedExperts(nn.Module):
+class RoutedExperts(nn.Module, abc.ABC):
     """What both expert kinds share: the stage chain on one device and the sliced call; subclasses implement
-    ``compute``."""
+    ``compute`` (abstract: the class itself cannot be built)."""
 
     config: MoEConfig
     gate_up_proj: nn.Parameter
     down_proj: nn.Parameter
 
+    @abc.abstractmethod
     def compute(self, x_SD: torch.Tensor, weight_S1: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         """Rows sorted by expert [S, D], their routing weights [S, 1], rows per expert [E] -> out_SD [S, D],
         already multiplied by the routing weight."""
-        raise NotImplementedError
 
     def impl_for(self, x: torch.Tensor) -> GroupedImpl:
         """The grouped-matmul implementation used for this input (device, dtype, shapes)."""
