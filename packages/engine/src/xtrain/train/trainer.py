@@ -1,8 +1,9 @@
 """One process's share of ``xtrain train``: set up, loop over optimizer steps, write the run directory.
 
-Set-up order (each step applied from outside the model): process group → model built on the meta device →
-expert parallelism (``parallel.ep_size`` > 1: the fsdp × ep mesh, experts split) → activation checkpointing and
-offload (optional) → data-parallel mesh → per-layer compile (optional) → FSDP2 →
+Set-up order (each step applied from outside the model): process group → the parallel layout, checked
+(``xtrain.parallel.layout``) → its device meshes → model built on the meta device → expert parallelism
+(``parallel.ep_size`` > 1: experts split) → activation checkpointing and offload (optional) → per-layer compile
+(optional) → FSDP2 →
 parameters allocated and initialised (or loaded from the Hugging Face folder) after sharding → optimizer and
 schedule → data (token cache built across ranks, packs).
 
@@ -32,6 +33,7 @@ from xtrain.errors import TrainingStoppedError
 from xtrain.model.flops import training_flops_per_token
 from xtrain.model.transformer import Transformer
 from xtrain.parallel.distributed import Distributed, barrier, close_distributed, init_distributed
+from xtrain.parallel.layout import ParallelLayout
 from xtrain.train.build import build_model, compute_dtype, loss_settings, pack_stream, resolve_model_config
 from xtrain.train.checkpoint.locate import ResumePoint
 from xtrain.train.checkpoint.parts import (
@@ -83,7 +85,7 @@ def train(
 
 def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed, resume: str) -> Transformer:
     world = dist_ctx.world_size
-    check_world_size(config, world, dist_ctx.local_world_size)
+    parallel_layout = check_world_size(config, world, dist_ctx.local_world_size)
     # Which checkpoint, checked against the model, before any file is written (a bad one overwrites nothing).
     decision = decide_on_all_ranks(resume, run_dir, resolve_model_config(config), dist_ctx.rank)
     writer = RunWriter(run_dir, dist_ctx.rank, world)
@@ -92,7 +94,9 @@ def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed, resume: st
         log.warning("%s", warning)
     collector = Collector(run_dir, dist_ctx.rank, world, trace=config.trace.enabled)
     try:
-        model = Trainer(config, run_dir, dist_ctx, writer, collector).run(resume_from=decision.point)
+        model = Trainer(config, run_dir, dist_ctx, writer, collector, parallel_layout=parallel_layout).run(
+            resume_from=decision.point
+        )
     except BaseException as error:
         collector.close("crashed", error=f"{type(error).__name__}: {error}")
         raise
@@ -111,13 +115,20 @@ class Trainer:
     them, the checkpointer asks them for their state, a resume loads it back into them."""
 
     def __init__(
-        self, config: TrainConfig, run_dir: Path, dist_ctx: Distributed, writer: RunWriter, collector: Collector
+        self,
+        config: TrainConfig,
+        run_dir: Path,
+        dist_ctx: Distributed,
+        writer: RunWriter,
+        collector: Collector,
+        *,
+        parallel_layout: ParallelLayout,
     ) -> None:
         self.started = time.perf_counter()
         self.config, self.run_dir, self.dist, self.writer, self.collector = config, run_dir, dist_ctx, writer, collector
         self.model_cfg = resolve_model_config(config)
         torch.manual_seed(config.train.seed)
-        self.model = build_model(config, self.model_cfg, dist_ctx, collector)
+        self.model = build_model(config, self.model_cfg, dist_ctx, parallel_layout, collector)
         self.dtype = compute_dtype(config, dist_ctx.device)
         self.settings = loss_settings(config, self.model_cfg, self.dtype, dist_ctx.device)
         optimizer = build_optimizer(self.model, config.optim, dist_ctx.device)
@@ -139,7 +150,7 @@ class Trainer:
         self.config_toml = to_toml(config)
         identity = RunIdentity(
             world_size=dist_ctx.world_size,
-            replicate=config.parallel.replicate,
+            replicate=parallel_layout.replicate,
             config_toml=self.config_toml,
             model_config=self.model_cfg.model_dump(mode="json"),
         )
