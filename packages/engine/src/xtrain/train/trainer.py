@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 from deeptrace.collect import Collector
@@ -53,7 +53,7 @@ from xtrain.train.metrics import device_peak_flops, memory_figures
 from xtrain.train.optimizer import build_optimizer
 from xtrain.train.profiler import kineto_profiler
 from xtrain.train.progress import ProgressLine
-from xtrain.train.reporting import RunFigures, StepFacts, StepReporter
+from xtrain.train.reporting import Resumed, RunFigures, StepFacts, StepReporter
 from xtrain.train.schedule import build_scheduler
 from xtrain.train.step import GlobalBatch, MicroBatch, train_step
 
@@ -175,7 +175,7 @@ class Trainer:
             reporter = StepReporter(self.writer, figures, progress)
             try:
                 for step in range(start_step + 1, max_steps + 1):
-                    facts = self._step(step, train_started, resumed if step == start_step + 1 else {})
+                    facts = self._step(step, train_started, resumed if step == start_step + 1 else None)
                     if profiler is not None:
                         profiler.step()
                     reporter.submit(facts)
@@ -186,7 +186,7 @@ class Trainer:
         log.info("trained steps %d to %d in %.1f s", start_step + 1, max_steps, time.perf_counter() - train_started)
         return self.model
 
-    def _step(self, step: int, train_started: float, resumed: dict[str, Any]) -> StepFacts:
+    def _step(self, step: int, train_started: float, resumed: Resumed | None) -> StepFacts:
         """One optimizer step, its checkpoint when one is due, and what was measured of it."""
         collector, world = self.collector, self.dist.world_size
         collector.step_begin(step)
@@ -211,10 +211,10 @@ class Trainer:
         self.scheduler.step()
         self.parts.counters.record_step(result.skipped)
         step_time = time.perf_counter() - step_started
-        checkpoint = {}
+        stall = None
         self.checkpointer.poll()
         if self.checkpointer.due(step, self.config.train.max_steps):
-            checkpoint["checkpoint_stall_s"] = self.checkpointer.save(step)
+            stall = self.checkpointer.save(step)
         collector.step_end(step)
         counters = self.parts.counters.counters
         return StepFacts(
@@ -230,7 +230,7 @@ class Trainer:
             skipped_lines=self.corpus.skipped_lines,
             skipped_steps=counters.skipped_steps,
             memory=memory_figures(self.dist.device),
-            checkpoint=checkpoint,
+            checkpoint_stall_s=stall,
             resumed=resumed,
         )
 
@@ -248,12 +248,12 @@ class Trainer:
                 f"finite (train.max_skipped_steps_in_a_row = {limit}); lower optim.lr or check the data"
             )
 
-    def _resume(self, point: ResumePoint | None) -> tuple[int, dict[str, Any]]:
+    def _resume(self, point: ResumePoint | None) -> tuple[int, Resumed | None]:
         """The step to start from, and what the first record says about where the run came from."""
         if point is None:
             # --resume auto over a run that never completed a checkpoint starts over, and says so.
             restarted = layout.metrics_path(self.run_dir).exists()
-            return 0, ({"resumed_from_step": 0, "resumed_from": None} if restarted else {})
+            return 0, (Resumed(from_step=0) if restarted else None)
         restore(point, self.parts)
         log.info(
             "resumed from %s at step %d (saved by %d processes, now %d)",
@@ -262,12 +262,7 @@ class Trainer:
             point.manifest.world_size,
             self.dist.world_size,
         )
-        resumed = {
-            "resumed_from_step": point.step,
-            "resumed_from": str(point.folder),
-            "resumed_from_world_size": point.manifest.world_size,
-        }
-        return point.step, resumed
+        return point.step, Resumed(point.step, str(point.folder), point.manifest.world_size)
 
     def _write_meta(self, start_step: int) -> None:
         config, dist_ctx = self.config, self.dist
