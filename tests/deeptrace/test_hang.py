@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from deeptrace.analysis.hang import CollectiveId, diagnose_hang
+from deeptrace.analysis.hang import diagnose_hang
 from deeptrace.collect import Collector
+from deeptrace.report.model import HangCollective
 from deeptrace.rundir import RunWriter, layout
 from deeptrace.spans import Category
 
@@ -22,13 +23,13 @@ def test_planted_hang_names_the_rank_the_others_wait_for(tmp_path: Path) -> None
     assert report is not None
     assert report.culprit_ranks == [2]
     assert report.waiting_ranks == [0, 1, 3]
-    assert report.collective == CollectiveId("dp", 42, "all_reduce")
+    assert report.collective == HangCollective(group="dp", seq=42, name="all_reduce")
     assert report.stopped_ranks == [0, 1, 2, 3]
     stuck = report.ranks[2]
     assert stuck.step == 7 and stuck.open_span == "'forward' (compute)" and stuck.last_seq["dp"] == 41
     assert stuck.in_collective is None
     for rank in (0, 1, 3):
-        assert report.ranks[rank].in_collective == CollectiveId("dp", 42, "all_reduce")
+        assert report.ranks[rank].in_collective == HangCollective(group="dp", seq=42, name="all_reduce")
         assert report.ranks[rank].step == 7
     summary = report.summary()
     assert "ranks 0, 1, 3 wait in all_reduce (group dp, seq 42) at step 7 for rank 2" in summary

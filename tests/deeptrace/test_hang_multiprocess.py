@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from deeptrace.analysis.hang import CollectiveId, diagnose_hang
+from deeptrace.analysis.hang import diagnose_hang
+from deeptrace.report.model import HangCollective
 from deeptrace.rundir import Heartbeat, read_heartbeats
 
 WORLD = 4
@@ -78,7 +79,7 @@ def test_diagnosis_names_the_rank_that_never_reached_the_barrier(tmp_path: Path)
         assert live is not None, "no hang diagnosed"
         assert live.culprit_ranks == [STUCK_RANK]
         assert live.waiting_ranks == [r for r in range(WORLD) if r != STUCK_RANK]
-        assert live.collective == CollectiveId("world", STUCK_STEP, "barrier")
+        assert live.collective == HangCollective(group="world", seq=STUCK_STEP, name="barrier")
         assert {s.status for s in live.ranks.values()} == {"stalled"}
         assert live.ranks[STUCK_RANK].step == STUCK_STEP
         assert live.ranks[STUCK_RANK].open_span == "'forward' (compute)"

@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from deeptrace.analysis.hang import CollectiveId, HangReport
+from deeptrace.analysis.hang import HangReport
 from deeptrace.collect import Collector
+from deeptrace.report.model import HangCollective
 from deeptrace.rundir import layout, read_heartbeat
 from deeptrace.spans import Category
 from deeptrace.watch.follow import TraceFollower
@@ -136,8 +137,8 @@ def test_the_verdict_names_the_rank_alone_in_another_place_when_the_heartbeats_c
     allreduce = Frame("train", "/job/train.py", 40)
     hang = HangReport(
         now_wall_s=0.0, stall_after_s=3.0, world_size=4, stopped_ranks=[0, 1, 2, 3], waiting_ranks=[0, 1, 2, 3],
-        culprit_ranks=[], collective=CollectiveId("world", 7, "all_reduce"), reason="every rank entered", ranks={},
-        evidence=[],
+        culprit_ranks=[], collective=HangCollective(group="world", seq=7, name="all_reduce"),
+        reason="every rank entered", ranks={}, evidence=[],
     )  # fmt: skip
     stacks = {r: _stacks(r, [lib, allreduce]) for r in (0, 1, 3)}
     stacks[2] = _stacks(2, [Frame("sleep", "<native>", 0, native=True), Frame("load", "/job/data.py", 12)])

@@ -21,9 +21,9 @@ def _hang() -> dict[str, object]:
         "world_size": 2, "stopped_ranks": [0, 1], "waiting_ranks": [0], "culprit_ranks": [1],
         "collective": {"group": "dp", "seq": 12, "name": "all_gather"}, "reason": "lower sequence number",
         "missing_ranks": [], "unreadable_ranks": {}, "evidence": [],
-        "ranks": {"0": {"status": "stalled", "step": 7, "in_collective": {"group": "dp", "seq": 12,
+        "ranks": {"0": {"rank": 0, "status": "stalled", "step": 7, "in_collective": {"group": "dp", "seq": 12,
                                                                           "name": "all_gather"}},
-                  "1": {"status": "stalled", "step": 7, "in_collective": None, "open_span": "forward"}},
+                  "1": {"rank": 1, "status": "stalled", "step": 7, "in_collective": None, "open_span": "forward"}},
     }  # fmt: skip
 
 

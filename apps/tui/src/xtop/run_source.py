@@ -15,7 +15,7 @@ from typing import Any
 
 from deeptrace.errors import TraceInputError
 from deeptrace.report.model import Report, ReportError, load_report
-from deeptrace.rundir import JsonlFollower, RunMeta, layout, read_heartbeats, read_meta
+from deeptrace.rundir import JsonlFollower, RunMeta, layout, rank_position, read_heartbeats, read_meta
 
 from xtop.series import DecimatedSeries
 
@@ -176,7 +176,7 @@ class RunSource:
                 status.state, status.host, status.step = beat.state, beat.host, beat.step
                 status.progress_age_s = max(0.0, now - beat.last_event_wall_s)
                 status.heartbeat_age_s = max(0.0, now - beat.written_wall_s)
-                status.where = _where(beat)
+                status.where = rank_position(beat).brief()
                 status.stale = beat.state == "running" and status.progress_age_s > self.stale_after_s
             statuses.append(status)
         snap.ranks = statuses
@@ -201,17 +201,6 @@ class RunSource:
     def reload_report(self) -> None:
         """Forget report.json's stamp: the next poll reads it again (after an analysis rewrote it)."""
         self._report_stamp = None
-
-
-def _where(beat: Any) -> str | None:
-    entered, left = beat.collective_entered, beat.collective_left
-    if entered is not None and (left is None or (left.group, left.seq) != (entered.group, entered.seq)):
-        return f"in {entered.name} ({entered.group} #{entered.seq})"
-    if beat.phase is not None:
-        return f"phase {beat.phase.name}"
-    if beat.open_span is not None:
-        return f"in {beat.open_span.name}"
-    return None
 
 
 def _number(value: object) -> float | None:

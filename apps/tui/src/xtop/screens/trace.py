@@ -133,22 +133,12 @@ def _hang_parts(report: Report) -> list[RenderableType]:
     where = Table(box=None, header_style="bold", pad_edge=False)
     for name in ("rank", "status", "step", "where"):
         where.add_column(name, no_wrap=name != "where")
-    for rank_key, info in sorted(hang.ranks.items(), key=lambda item: int(item[0])):
-        culprit = int(rank_key) in hang.culprit_ranks
-        status = Text(str(info.get("status")), style="bold red" if culprit else "")
-        where.add_row(rank_key, status, str(info.get("step")), _place(info))
+    for state in hang.ranks_sorted():
+        status = Text(state.status, style="bold red" if state.rank in hang.culprit_ranks else "")
+        where.add_row(str(state.rank), status, str(state.step), state.brief() or "-")
     parts.append(where)
     parts += [
         Text(f"   rank {c.rank} sits at {c.where or '?'}", style="red")
         for c in (hang.watch.culprits if hang.watch else [])
     ]
     return parts
-
-
-def _place(info: dict[str, object]) -> str:
-    """Where a rank of a hang sits: the collective it is inside, else its open span."""
-    collective = info.get("in_collective")
-    if isinstance(collective, dict):
-        return f"in {collective.get('name')} ({collective.get('group')} #{collective.get('seq')})"
-    span = info.get("open_span")
-    return f"in {span}" if span else "-"

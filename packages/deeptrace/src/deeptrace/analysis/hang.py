@@ -15,7 +15,8 @@ the file was last rewritten. From those alone:
 - with nobody inside a collective, the rank(s) whose step is behind are the culprits; a crashed or dead rank,
   or finally one whose heartbeat is missing, is next in line.
 
-The answer is a HangReport (or None when there is no hang), whose `to_dict()` is report.json's `hang` key.
+The answer is a HangReport (or None when there is no hang), whose `to_dict()` is report.json's `hang` key; each
+rank's state in it is report.json's typed `HangRank` (report/model.py), its position read by `rundir.position`.
 """
 
 from __future__ import annotations
@@ -23,62 +24,21 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from deeptrace.errors import TraceInputError
-from deeptrace.rundir import layout
+from deeptrace.report.model import HangCollective, HangRank, HangRankStatus
+from deeptrace.rundir import layout, rank_position
+from deeptrace.rundir.position import duration_text
 from deeptrace.rundir.readers import read_heartbeats, read_meta
 from deeptrace.rundir.records import Heartbeat
 from deeptrace.rundir.writer import host_name
 
-RankStatus = Literal["progressing", "stalled", "gone", "crashed", "closed", "missing", "unreadable"]
-STOPPED: tuple[RankStatus, ...] = ("stalled", "gone", "crashed")
+STOPPED: tuple[HangRankStatus, ...] = ("stalled", "gone", "crashed")
 
 DEFAULT_STALL_AFTER_S = 120.0
-
-
-@dataclass(frozen=True, slots=True)
-class CollectiveId:
-    group: str
-    seq: int
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.name} (group {self.group}, seq {self.seq})"
-
-
-@dataclass(frozen=True, slots=True)
-class RankHangState:
-    """One rank as the diagnosis sees it."""
-
-    rank: int
-    status: RankStatus
-    step: int | None = None
-    idle_s: float | None = None  # seconds since its last progress (span, collective, step)
-    heartbeat_age_s: float | None = None  # seconds since its heartbeat file was last rewritten
-    in_collective: CollectiveId | None = None
-    open_span: str | None = None  # "name (category)" of the innermost open span
-    open_span_s: float | None = None  # how long it has been inside that span
-    last_seq: dict[str, int | None] = field(default_factory=dict)  # group -> last sequence number entered
-    host: str | None = None
-    pid: int | None = None
-    note: str | None = None  # crash message, or why the heartbeat could not be read
-    stalled: bool = False  # alive without progress for the threshold (now, or before its process disappeared)
-
-    def where(self) -> str:
-        """Where the rank is, in words."""
-        parts = []
-        if self.step is not None:
-            parts.append(f"step {self.step}")
-        if self.in_collective is not None:
-            parts.append(f"inside {self.in_collective}")
-        elif self.open_span is not None:
-            parts.append(f"inside {self.open_span}")
-        if self.open_span_s is not None and (self.in_collective is not None or self.open_span is not None):
-            parts.append(f"for {_duration(self.open_span_s)}")
-        return ", ".join(parts) if parts else "position unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +51,9 @@ class HangReport:
     stopped_ranks: list[int]  # stalled, gone or crashed
     waiting_ranks: list[int]  # stopped inside the collective that the culprits never entered (or ahead of them)
     culprit_ranks: list[int]  # the ranks the others wait for
-    collective: CollectiveId | None  # what the waiting ranks are stuck in
+    collective: HangCollective | None  # what the waiting ranks are stuck in
     reason: str  # how the culprits were found
-    ranks: dict[int, RankHangState]
+    ranks: dict[int, HangRank]
     evidence: list[str]
     missing_ranks: list[int] = field(default_factory=list)
     unreadable_ranks: dict[int, str] = field(default_factory=dict)
@@ -113,11 +73,6 @@ class HangReport:
         return f"Hang: {_ranks_text(self.stopped_ranks)} stopped; no rank stands out as the one the others wait for."
 
     def to_dict(self) -> dict[str, Any]:
-        def state(s: RankHangState) -> dict[str, Any]:
-            out = asdict(s)
-            out["in_collective"] = None if s.in_collective is None else asdict(s.in_collective)
-            return out
-
         return {
             "summary": self.summary(),
             "now_wall_s": self.now_wall_s,
@@ -126,12 +81,12 @@ class HangReport:
             "stopped_ranks": self.stopped_ranks,
             "waiting_ranks": self.waiting_ranks,
             "culprit_ranks": self.culprit_ranks,
-            "collective": None if self.collective is None else asdict(self.collective),
+            "collective": None if self.collective is None else self.collective.model_dump(mode="json"),
             "reason": self.reason,
             "missing_ranks": self.missing_ranks,
             "unreadable_ranks": {str(r): why for r, why in self.unreadable_ranks.items()},
             "evidence": self.evidence,
-            "ranks": {str(r): state(s) for r, s in sorted(self.ranks.items())},
+            "ranks": {str(r): s.model_dump(mode="json") for r, s in sorted(self.ranks.items())},
         }
 
 
@@ -150,14 +105,14 @@ def diagnose_hang(
     if not heartbeats and not errors:
         return None
     world_size = _world_size(run_dir, heartbeats, errors)
-    states: dict[int, RankHangState] = {}
+    states: dict[int, HangRank] = {}
     for rank in range(world_size):
         if rank in heartbeats:
             states[rank] = _rank_state(heartbeats[rank], now, stall_after_s)
         elif rank in errors:
-            states[rank] = RankHangState(rank, "unreadable", note=errors[rank].problem)
+            states[rank] = HangRank(rank=rank, status="unreadable", note=errors[rank].problem)
         else:
-            states[rank] = RankHangState(rank, "missing", note=f"no {layout.heartbeat_path(run_dir, rank)}")
+            states[rank] = HangRank(rank=rank, status="missing", note=f"no {layout.heartbeat_path(run_dir, rank)}")
     stopped = [r for r, s in states.items() if s.status in STOPPED]
     # A hang needs a rank seen alive without progress, or a crash. Ranks that were all still progressing when
     # their heartbeats stopped were killed (a time limit, a preemption): not a hang.
@@ -191,7 +146,7 @@ def _world_size(run_dir: Path, heartbeats: dict[int, Heartbeat], errors: dict[in
     return max(candidates)
 
 
-def _rank_state(hb: Heartbeat, now: float, stall_after_s: float) -> RankHangState:
+def _rank_state(hb: Heartbeat, now: float, stall_after_s: float) -> HangRank:
     idle = max(0.0, now - hb.last_event_wall_s)
     age = max(0.0, now - hb.written_wall_s)
     # How long the process was seen alive (its heartbeat thread still writing) without making progress.
@@ -199,7 +154,7 @@ def _rank_state(hb: Heartbeat, now: float, stall_after_s: float) -> RankHangStat
     note = None
     stalled = False
     if hb.state == "closed":
-        status: RankStatus = "closed"
+        status: HangRankStatus = "closed"
     elif hb.state == "crashed":
         status, note = "crashed", hb.error
     elif idle < stall_after_s:
@@ -210,30 +165,25 @@ def _rank_state(hb: Heartbeat, now: float, stall_after_s: float) -> RankHangStat
         status = "gone"
         stalled = idle_while_alive >= stall_after_s
         why = (
-            f"heartbeat not rewritten for {_duration(age)}"
+            f"heartbeat not rewritten for {duration_text(age)}"
             if age >= stall_after_s
             else f"process {hb.pid} no longer exists on {hb.host}"
         )
         if stalled:
-            note = f"{why}; it had made no progress for {_duration(idle_while_alive)} before that"
+            note = f"{why}; it had made no progress for {duration_text(idle_while_alive)} before that"
         else:
             note = f"{why}; it was still making progress until then (killed or died, not hung)"
-    inside = hb.in_collective
-    span = hb.open_span
-    since = None
-    if inside is not None:
-        since = now - inside.wall_s
-    elif span is not None:
-        since = now - span.since_wall_s
-    return RankHangState(
+    position = rank_position(hb)
+    inside = position.collective
+    return HangRank(
         rank=hb.rank,
         status=status,
-        step=hb.step,
+        step=position.step,
         idle_s=idle,
         heartbeat_age_s=age,
-        in_collective=None if inside is None else CollectiveId(inside.group, inside.seq, inside.name),
-        open_span=None if span is None else f"'{span.name}' ({span.category})",
-        open_span_s=since,
+        in_collective=None if inside is None else HangCollective(group=inside.group, seq=inside.seq, name=inside.name),
+        open_span=position.span_label,
+        open_span_s=position.inside_for_s(now),
         last_seq={group: entered for group, (entered, _) in hb.groups.items()},
         host=hb.host,
         pid=hb.pid,
@@ -255,12 +205,12 @@ def _process_alive(hb: Heartbeat) -> bool:
     return True
 
 
-Verdict = tuple[CollectiveId | None, list[int], list[int], str]
+Verdict = tuple[HangCollective | None, list[int], list[int], str]
 
 
-def _who_waits_for_whom(states: dict[int, RankHangState], stopped: list[int]) -> Verdict:
+def _who_waits_for_whom(states: dict[int, HangRank], stopped: list[int]) -> Verdict:
     """(collective waited in, waiting ranks, culprit ranks, how the culprits were found)."""
-    inside: dict[CollectiveId, list[int]] = {}
+    inside: dict[HangCollective, list[int]] = {}
     for rank in stopped:
         coll = states[rank].in_collective
         if coll is not None:
@@ -272,7 +222,7 @@ def _who_waits_for_whom(states: dict[int, RankHangState], stopped: list[int]) ->
     return _waiting_outside_collectives(states, stopped)
 
 
-def _waiting_in(collective: CollectiveId, waiting: list[int], states: dict[int, RankHangState]) -> Verdict:
+def _waiting_in(collective: HangCollective, waiting: list[int], states: dict[int, HangRank]) -> Verdict:
     """Ranks wait inside `collective`: the culprits are those that never entered it."""
     culprits = []
     for rank, state in states.items():
@@ -289,7 +239,7 @@ def _waiting_in(collective: CollectiveId, waiting: list[int], states: dict[int, 
     return collective, waiting, [], "every rank with a heartbeat entered the collective"
 
 
-def _waiting_outside_collectives(states: dict[int, RankHangState], stopped: list[int]) -> Verdict:
+def _waiting_outside_collectives(states: dict[int, HangRank], stopped: list[int]) -> Verdict:
     """Nobody is inside a collective: a dead rank, then the rank behind in steps, then a silent one."""
     dead = [r for r in stopped if states[r].status in ("crashed", "gone")]
     if dead and len(dead) < len(stopped):
@@ -306,14 +256,14 @@ def _waiting_outside_collectives(states: dict[int, RankHangState], stopped: list
     return None, stopped, [], "every stopped rank is at the same step, outside any collective"
 
 
-def _evidence(states: dict[int, RankHangState], collective: CollectiveId | None) -> list[str]:
+def _evidence(states: dict[int, HangRank], collective: HangCollective | None) -> list[str]:
     lines = []
     for rank, s in sorted(states.items()):
         text = f"rank {rank}: {s.status}"
         if s.status not in ("missing", "unreadable"):
             text += f", {s.where()}"
             if s.idle_s is not None:
-                text += f", no progress for {_duration(s.idle_s)}"
+                text += f", no progress for {duration_text(s.idle_s)}"
         if collective is not None and s.status not in ("missing", "unreadable"):
             last = s.last_seq.get(collective.group)
             text += f", last entered seq in group {collective.group}: {'none' if last is None else last}"
@@ -327,11 +277,3 @@ def _ranks_text(ranks: list[int]) -> str:
     if not ranks:
         return "no rank"
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"

@@ -15,6 +15,8 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from deeptrace.rundir.position import brief_position, collective_text, describe_position
+
 SCHEMA = "deeptrace.report"
 SCHEMA_VERSION = 1
 
@@ -161,9 +163,45 @@ class Stragglers(_Model):
 
 
 class HangCollective(_Model):
+    """A collective as heartbeats name it: its process group, its sequence number there, its name."""
+
     group: str
     seq: int
     name: str
+
+    def __str__(self) -> str:
+        return collective_text(self.name, self.group, self.seq)
+
+
+HangRankStatus = Literal["progressing", "stalled", "gone", "crashed", "closed", "missing", "unreadable"]
+
+
+class HangRank(_Model):
+    """One rank as the hang diagnosis sees it, from its heartbeat: report.json's `hang.ranks` values."""
+
+    rank: int
+    status: HangRankStatus
+    step: int | None = None
+    idle_s: float | None = None  # seconds since its last progress (span, collective, step)
+    heartbeat_age_s: float | None = None  # seconds since its heartbeat file was last rewritten
+    in_collective: HangCollective | None = None
+    open_span: str | None = None  # "'name' (category)" of the innermost open span
+    open_span_s: float | None = None  # how long it has been inside that collective, else that span
+    last_seq: dict[str, int | None] = Field(default_factory=dict)  # group -> last sequence number entered
+    host: str | None = None
+    pid: int | None = None
+    note: str | None = None  # crash message, or why the heartbeat could not be read
+    stalled: bool = False  # alive without progress for the threshold (now, or before its process disappeared)
+
+    def where(self) -> str:
+        """Where the rank is, in words: step, what it is inside, for how long."""
+        collective = None if self.in_collective is None else str(self.in_collective)
+        return describe_position(self.step, collective, self.open_span, self.open_span_s)
+
+    def brief(self) -> str | None:
+        """Where the rank is, as a table cell: the collective it is inside, else its open span."""
+        c = self.in_collective
+        return brief_position(None if c is None else (c.name, c.group, c.seq), None, self.open_span)
 
 
 class WatchCulprit(_Model):
@@ -197,8 +235,11 @@ class Hang(_Model):
     missing_ranks: list[int]
     unreadable_ranks: dict[str, str]
     evidence: list[str]
-    ranks: dict[str, dict[str, Any]]  # per rank, the heartbeat's account (docs/run-directory.md)
+    ranks: dict[str, HangRank]  # per rank, the heartbeat's account (docs/run-directory.md)
     watch: WatchVerdict | None = None
+
+    def ranks_sorted(self) -> list[HangRank]:
+        return sorted(self.ranks.values(), key=lambda state: state.rank)
 
 
 class FlightDisagreement(_Model):

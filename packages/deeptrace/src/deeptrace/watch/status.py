@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from deeptrace.analysis.hang import HangReport, diagnose_hang
-from deeptrace.rundir import read_heartbeats
+from deeptrace.rundir import rank_position, read_heartbeats
 from deeptrace.rundir.records import Heartbeat
 from deeptrace.watch.follow import RankTrace
 
@@ -109,7 +109,7 @@ def _view(  # noqa: PLR0911  # one return per state, in the order the states tak
 ) -> RankView:
     idle = max(0.0, now - hb.last_event_wall_s)
     state_of = report.ranks.get(rank) if report is not None else None
-    where = state_of.where() if state_of is not None else _where(hb)
+    where = rank_position(hb).describe(now)
     if hb.state == "closed":
         return RankView(rank, "closed", hb.step, where, idle)
     if hb.state == "crashed":
@@ -163,15 +163,6 @@ def _furthest_left(heartbeats: dict[int, Heartbeat]) -> dict[str, int]:
             if left is not None:
                 furthest[group] = max(furthest.get(group, left), left)
     return furthest
-
-
-def _where(hb: Heartbeat) -> str:
-    if hb.in_collective is not None:
-        c = hb.in_collective
-        return f"step {hb.step}, inside {c.name} (group {c.group}, seq {c.seq})"
-    if hb.open_span is not None:
-        return f"step {hb.step}, inside '{hb.open_span.name}' ({hb.open_span.category})"
-    return f"step {hb.step}"
 
 
 def find_slow(traces: dict[int, RankTrace], config: SlowConfig) -> dict[int, SlowRank]:

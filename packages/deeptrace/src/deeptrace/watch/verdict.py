@@ -129,13 +129,7 @@ class Verdict:
             "culprit_ranks": self.culprit_ranks,
             "culprits": [c.to_dict() for c in self.culprits],
             "waiting_ranks": self.hang.waiting_ranks,
-            "collective": None
-            if self.hang.collective is None
-            else {
-                "group": self.hang.collective.group,
-                "seq": self.hang.collective.seq,
-                "name": self.hang.collective.name,
-            },
+            "collective": None if self.hang.collective is None else self.hang.collective.model_dump(mode="json"),
             "odd_ranks": self.odd_ranks,
             "wait_points": self.wait_points,
             "ranks": ranks,
