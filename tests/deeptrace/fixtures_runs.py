@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from deeptrace.collect import Collector
-from deeptrace.rundir import CollectiveMark, RunWriter, layout, read_heartbeats
+from deeptrace.rundir import CollectiveMark, RankStepRecord, RunWriter, StepRecord, layout, read_heartbeats
 from deeptrace.rundir.jsonio import dumps, write_atomically
 from deeptrace.spans import Category
 
@@ -142,9 +142,11 @@ def build_clean_run(run_dir: Path, *, world_size: int = 4, steps: int = 3) -> Bu
         with Collector(run_dir, rank, world_size, heartbeat_interval_s=None) as collector:
             spans = sum(_one_step(collector, step) for step in range(steps))
         for step in range(steps):
-            writers[rank].append_rank_record(step, step_time_s=0.01, data_wait_s=0.0, mem_allocated_bytes=1 << 20)
+            writers[rank].append_rank_step(
+                RankStepRecord(step=step, rank=rank, step_time_s=0.01, data_wait_s=0.0, mem_allocated_bytes=1 << 20)
+            )
     for step in range(steps):
-        writers[0].append_metrics(step, loss=2.0 - 0.1 * step, lr=1e-4, tokens=4096)
+        writers[0].append_step(StepRecord(step=step, loss=2.0 - 0.1 * step, lr=1e-4, tokens=4096))
     for writer in writers:
         writer.close()
     return BuiltRun(run_dir, world_size, steps, spans, steps * DP_COLLECTIVES_PER_STEP)

@@ -18,6 +18,7 @@ from deeptrace.rundir import (
     read_metrics,
     read_rank_records,
 )
+from deeptrace.rundir.step_records import RankStepRecord, StepRecord
 
 
 def test_meta_round_trips_with_every_field(tmp_path: Path) -> None:
@@ -51,7 +52,11 @@ def test_meta_defaults_fill_every_rank_with_this_host(tmp_path: Path) -> None:
 
 def test_only_rank_zero_writes_run_wide_files(tmp_path: Path) -> None:
     writer = RunWriter(tmp_path, 1, 2)
-    for call in (writer.write_meta, lambda: writer.write_config_toml("x=1"), lambda: writer.append_metrics(0)):
+    for call in (
+        writer.write_meta,
+        lambda: writer.write_config_toml("x=1"),
+        lambda: writer.append_step(StepRecord(step=0)),
+    ):
         with pytest.raises(RunDirectoryError, match="rank 0 only"):
             call()
 
@@ -63,13 +68,13 @@ def test_rank_outside_world_is_refused(tmp_path: Path) -> None:
 
 def test_metrics_are_flushed_per_step_and_read_back_in_order(tmp_path: Path) -> None:
     writer = RunWriter(tmp_path, 0, 1)
-    writer.append_metrics(0, loss=2.5, lr=1e-3)
+    writer.append_step(StepRecord(step=0, loss=2.5, lr=1e-3))
     # Flushed before returning: another reader sees it while the writer is still open.
-    assert read_metrics(tmp_path)[0]["loss"] == 2.5
-    writer.append_metrics(1, loss=2.25, lr=1e-3, tokens=1024)
+    assert read_metrics(tmp_path)[0].loss == 2.5
+    writer.append_step(StepRecord(step=1, loss=2.25, lr=1e-3, tokens=1024))
     records = read_metrics(tmp_path)
-    assert [r["step"] for r in records] == [0, 1]
-    assert records[1]["tokens"] == 1024 and records[1]["time_unix_s"] >= records[0]["time_unix_s"]
+    assert [r.step for r in records] == [0, 1]
+    assert records[1].tokens == 1024 and records[1].time_unix_s >= records[0].time_unix_s
     writer.close()
 
 
@@ -85,12 +90,16 @@ def test_config_toml_round_trips(tmp_path: Path) -> None:
 def test_rank_records_per_rank_and_discovery(tmp_path: Path) -> None:
     for rank in (0, 2):
         with RunWriter(tmp_path, rank, 3) as writer:
-            writer.append_rank_record(0, step_time_s=0.5, data_wait_s=0.01, mem_allocated_bytes=10, mem_peak_bytes=20)
-            writer.append_rank_record(1, step_time_s=0.4, tokens=128)
+            writer.append_rank_step(
+                RankStepRecord(
+                    step=0, rank=rank, step_time_s=0.5, data_wait_s=0.01, mem_allocated_bytes=10, mem_peak_bytes=20
+                )
+            )
+            writer.append_rank_step(RankStepRecord(step=1, rank=rank, step_time_s=0.4, tokens=128))
     records = read_rank_records(tmp_path)
     assert sorted(records) == [0, 2]
-    assert records[2][0]["mem_peak_bytes"] == 20 and records[2][0]["rank"] == 2
-    assert records[0][1]["tokens"] == 128 and records[0][1]["mem_peak_bytes"] is None
+    assert records[2][0].mem_peak_bytes == 20 and records[2][0].rank == 2
+    assert records[0][1].tokens == 128 and records[0][1].mem_peak_bytes is None
     assert discover_ranks(tmp_path) == [0, 2]
 
 
@@ -154,9 +163,53 @@ def test_numpy_values_are_written_as_json_numbers(tmp_path: Path) -> None:
     import numpy as np
 
     with RunWriter(tmp_path, 0, 1) as writer:
-        writer.append_metrics(0, loss=np.float32(1.5), tokens=np.int64(7), grad_norm=float("nan"))
-        writer.append_rank_record(0, step_time_s=np.float64(0.25), mem_peak_bytes=np.int64(1 << 33))
+        # A loop's own figures (extras) may be numpy values; the declared fields are typed.
+        writer.append_step(StepRecord(step=0, loss=1.5, grad_norm=float("nan"), my_tokens=np.int64(7)))
+        writer.append_rank_step(RankStepRecord(step=0, rank=0, step_time_s=np.float64(0.25), my_peak=np.float32(2)))
     metrics = read_metrics(tmp_path)[0]
-    assert metrics["loss"] == 1.5 and metrics["tokens"] == 7
-    assert metrics["grad_norm"] is None  # JSON has no NaN
-    assert read_rank_records(tmp_path)[0][0]["mem_peak_bytes"] == 1 << 33
+    assert metrics.loss == 1.5 and metrics.extras == {"my_tokens": 7}
+    assert metrics.grad_norm is None  # JSON has no NaN
+    assert read_rank_records(tmp_path)[0][0].extras == {"my_peak": 2.0}
+
+
+def test_step_records_carry_their_version_and_a_newer_one_is_refused_by_name(tmp_path: Path) -> None:
+    with RunWriter(tmp_path, 0, 1) as writer:
+        writer.append_step(StepRecord(step=0, loss=1.0))
+    line = json.loads(layout.metrics_path(tmp_path).read_text())
+    assert line["format_version"] == 1 and "mfu" not in line  # a figure without a value is left out
+    with layout.metrics_path(tmp_path).open("a") as handle:
+        handle.write(json.dumps({"format_version": 2, "step": 1}) + "\n")
+    with pytest.raises(TraceInputError, match=r"metrics.jsonl:2: format_version 2 is newer than this deeptrace"):
+        read_metrics(tmp_path)
+
+
+def test_a_line_without_a_version_is_read_as_version_one(tmp_path: Path) -> None:
+    """Run directories written before records carried a version."""
+    layout.metrics_path(tmp_path).write_text('{"step": 3, "time_unix_s": 5.0, "loss": 2.0, "mfu": 0.5}\n')
+    (record,) = read_metrics(tmp_path)
+    assert (record.step, record.loss, record.mfu, record.format_version) == (3, 2.0, 0.5, 1)
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ('{"loss": 1.0}', "missing field 'step'"),
+        ('{"step": "3"}', "field 'step'"),
+        ('{"step": true}', "field 'step'"),
+        ('{"step": 1, "loss": "low"}', "field 'loss'"),
+        ('{"step": 1, "skipped": 1}', "field 'skipped'"),
+    ],
+)
+def test_a_record_of_the_wrong_shape_is_named_by_file_line_and_field(tmp_path: Path, line: str, problem: str) -> None:
+    layout.metrics_path(tmp_path).write_text('{"step": 0}\n' + line + "\n")
+    with pytest.raises(TraceInputError, match=problem) as raised:
+        read_metrics(tmp_path)
+    assert raised.value.line == 2 and raised.value.path == layout.metrics_path(tmp_path)
+
+
+def test_a_rank_record_goes_only_to_its_own_rank_file(tmp_path: Path) -> None:
+    with (
+        RunWriter(tmp_path, 1, 2) as writer,
+        pytest.raises(RunDirectoryError, match="rank 0 given to the writer of rank 1"),
+    ):
+        writer.append_rank_step(RankStepRecord(step=0, rank=0))

@@ -10,7 +10,7 @@ from clusterx import Client
 from clusterx.backends.fake import write_fake_state
 from clusterx.spec import JobSpec
 from deeptrace.collect import Collector
-from deeptrace.rundir import RunWriter
+from deeptrace.rundir import RankStepRecord, RunWriter, StepRecord
 from xtop.resources import GpuSample, ResourceSample
 
 FIXED_NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -25,7 +25,7 @@ def submit_fake(db: str, fake_dir: Path, name: str, run_dir: Path | None = None,
                 backend_options={"state_dir": str(fake_dir)}, **spec,  # type: ignore[arg-type]
             )
         )  # fmt: skip
-        return int(job["id"])
+        return int(job.id)
     finally:
         client.close()
 
@@ -34,7 +34,7 @@ def set_fake_state(db: str, fake_dir: Path, job_id: int, state: str) -> None:
     """What the cluster says about the job now (the client records it at its next poll)."""
     client = Client(db)
     try:
-        backend_id = client.describe(job_id, poll=False)["backend_job_id"]
+        backend_id = client.describe(job_id, poll=False).backend_job_id
         write_fake_state(fake_dir, backend_id, {"state": state, "raw_state": f"FAKE_{state}"})
     finally:
         client.close()
@@ -56,11 +56,14 @@ def write_run(run_dir: Path, steps: int, world_size: int = 2, max_steps: int = 4
 
 
 def append_step(writer: RunWriter, step: int, max_steps: int = 40) -> None:
-    writer.append_metrics(
-        step, loss=6.0 / step, tokens_per_s=1000.0 + 10 * step, grad_norm=1.0 / step, lr=1e-3, max_steps=max_steps,
-        skipped_steps=0, mfu=0.25,
-    )  # fmt: skip
-    writer.append_rank_record(step, step_time_s=0.5, mem_allocated_bytes=(1 + step % 3) << 30, mem_peak_bytes=3 << 30)
+    writer.append_step(StepRecord(
+        step=step, loss=6.0 / step, tokens_per_s=1000.0 + 10 * step, grad_norm=1.0 / step, lr=1e-3,
+        max_steps=max_steps, skipped_steps=0, mfu=0.25,
+    ))  # fmt: skip
+    writer.append_rank_step(RankStepRecord(
+        step=step, rank=writer.rank, step_time_s=0.5, mem_allocated_bytes=(1 + step % 3) << 30,
+        mem_peak_bytes=3 << 30,
+    ))  # fmt: skip
 
 
 def fixed_resources() -> ResourceSample:

@@ -51,13 +51,14 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
     )
     import torch
     import torch.distributed as dist
-    from xtrain.config import CheckpointSection, OptimSection
+    from xtrain.config import CheckpointSection, OptimSection, ParallelSection
     from xtrain.model.sizes import model_config
     from xtrain.model.transformer import Transformer
     from xtrain.parallel.distributed import close_distributed, init_distributed
     from xtrain.parallel.fsdp import apply_fsdp
+    from xtrain.parallel.layout import check_layout
     from xtrain.parallel.materialize import materialize
-    from xtrain.parallel.mesh import data_parallel_mesh
+    from xtrain.parallel.mesh import model_meshes
     from xtrain.train.checkpoint.compat import saved_shapes
     from xtrain.train.checkpoint.parts import ModelPart, OptimizerPart, RngPart
     from xtrain.train.checkpoint.resume import load_device_state
@@ -85,7 +86,7 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
         model = Transformer(shape)
     apply_fsdp(
         model,
-        data_parallel_mesh("cpu", ctx.world_size, 1),
+        model_meshes(check_layout(ParallelSection(), ctx.world_size), "cpu").dense,
         param_dtype=torch.float32,
         reshard_after_forward=True,
         prefetch=False,

@@ -79,17 +79,21 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
     from deeptrace.collect import Collector
     from deeptrace.spans import Category
     from torch import nn
+    from xtrain.config import ParallelSection
     from xtrain.model.moe import MoEBlock, MoEConfig
     from xtrain.parallel.distributed import close_distributed, init_distributed
     from xtrain.parallel.expert_parallel import apply_expert_parallel
-    from xtrain.parallel.mesh import expert_parallel_mesh
+    from xtrain.parallel.layout import check_layout
+    from xtrain.parallel.mesh import model_meshes
 
     where = init_distributed(None)
     dtype = torch.bfloat16 if where.device.type == "cuda" else torch.float32
     config = MoEConfig(
         num_experts=args.experts, num_experts_per_tok=args.top_k, moe_intermediate_size=args.expert_hidden
     )
-    mesh = expert_parallel_mesh(where.device.type, world, world, args.experts, world)
+    layout = check_layout(ParallelSection(ep_size=world), world, world, args.experts)
+    mesh = model_meshes(layout, where.device.type).expert
+    assert mesh is not None, "expert parallelism needs --procs 2 or more"
     recorders = {"plain": Recorder(), "domino": Recorder()}
     layers: dict[str, nn.Module] = {}
     for name, slices in (("plain", 1), ("domino", args.slices)):

@@ -97,20 +97,21 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, out: s
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from xtrain.config import OptimSection
+    from xtrain.config import OptimSection, ParallelSection
     from xtrain.loss import chunked_cross_entropy
     from xtrain.model.documents import PackedDocuments
     from xtrain.model.transformer import Transformer
     from xtrain.parallel.distributed import close_distributed, init_distributed
     from xtrain.parallel.fsdp import apply_fsdp
+    from xtrain.parallel.layout import check_layout
     from xtrain.parallel.materialize import materialize
-    from xtrain.parallel.mesh import data_parallel_mesh
+    from xtrain.parallel.mesh import model_meshes
     from xtrain.train.optimizer import build_optimizer
 
     ctx = init_distributed("cpu")
     with torch.device("meta"):
         model = Transformer(model_config(args))
-    apply_fsdp(model, data_parallel_mesh("cpu", world, 1), param_dtype=torch.float32)
+    apply_fsdp(model, model_meshes(check_layout(ParallelSection(), world), "cpu").dense, param_dtype=torch.float32)
     materialize(model, ctx.device, seed=0)
     optimizer = build_optimizer(model, OptimSection(), ctx.device)
 

@@ -128,12 +128,13 @@ class XtrainSide:
     name = "xtrain"
 
     def __init__(self, args: argparse.Namespace, folder: Path, device: torch.device, dtype: torch.dtype) -> None:
-        from xtrain.config import OptimSection
+        from xtrain.config import OptimSection, ParallelSection
         from xtrain.loss import auto_chunk_tokens
         from xtrain.model.transformer import Transformer
         from xtrain.parallel.fsdp import apply_fsdp
+        from xtrain.parallel.layout import check_layout
         from xtrain.parallel.materialize import materialize
-        from xtrain.parallel.mesh import data_parallel_mesh
+        from xtrain.parallel.mesh import model_meshes
         from xtrain.train.optimizer import build_optimizer
         from xtrain.train.step import LossSettings
 
@@ -141,7 +142,8 @@ class XtrainSide:
         with torch.device("meta"):
             self.model = Transformer(config)
         world = torch.distributed.get_world_size()
-        apply_fsdp(self.model, data_parallel_mesh(device.type, world, 1), param_dtype=dtype)
+        mesh = model_meshes(check_layout(ParallelSection(), world), device.type).dense
+        apply_fsdp(self.model, mesh, param_dtype=dtype)
         materialize(self.model, device, seed=0, hf_path=folder)
         optim = OptimSection(lr=LR, weight_decay=WEIGHT_DECAY, betas=BETAS, max_grad_norm=MAX_GRAD_NORM)
         self.optimizer = build_optimizer(self.model, optim, device)

@@ -26,6 +26,14 @@ from .models import TOKENS, build, inputs_of_rank, moe_config, step_results
 Result = dict[str, Any]
 Layout = tuple[int, int]  # (ep_size, domino_slices)
 
+REPLICATED = {
+    "fsdp": {},
+    "hsdp": {"replicate": 2},
+    "hsdp ep 2": {"replicate": 2, "ep_size": 2},
+    "hsdp ep 2 domino": {"replicate": 2, "ep_size": 2, "domino_slices": 2},
+}
+"""Four ranks: plain FSDP, HSDP 2 × 2, and HSDP replicas whose experts are split over ep 2 inside each replica."""
+
 
 def two_rank_job() -> dict[str, Result]:
     rank = start_gloo()
@@ -35,7 +43,7 @@ def two_rank_job() -> dict[str, Result]:
         "biased experts": lambda: _layouts(moe_config(router="topk_softmax", biased=True), [(1, 1), (2, 2)]),
         "uneven load": lambda: _layouts(config, [(1, 1), (2, 1), (2, 3)], prepare=_skewed_router),
         "reductions": lambda: _reductions(config),
-        "train_step": lambda: _train_steps(config, [(1, 1), (2, 2)]),
+        "train_step": lambda: _train_steps(config, {"1x1": {}, "2x2": {"ep_size": 2, "domino_slices": 2}}),
         "checkpointed": lambda: _checkpointed(config),
     }
     return run_checks(rank, checks)
@@ -47,6 +55,7 @@ def four_rank_job() -> dict[str, Result]:
     checks: dict[str, Callable[[], Result]] = {
         "layouts": lambda: _layouts(config, [(1, 1), (2, 3), (4, 2)]),
         "uneven load": lambda: _layouts(config, [(1, 1), (4, 2)], prepare=_skewed_router),
+        "replicas": lambda: _train_steps(config, REPLICATED),
     }
     return run_checks(rank, checks)
 
@@ -132,8 +141,9 @@ def _reductions(config: ModelConfig) -> Result:
     return counted
 
 
-def _train_steps(config: ModelConfig, layouts: list[Layout]) -> Result:
-    """The trainer's own step (losses over the global batch, router bias update, clipping) under each layout."""
+def _train_steps(config: ModelConfig, layouts: dict[str, dict[str, int]]) -> Result:
+    """The trainer's own step (losses over the global batch, router bias update, clipping) under each layout
+    (``build``'s keywords: ep_size, domino_slices, replicate)."""
     world = dist.get_world_size()
     input_ids_1T, cu_seqlens = inputs_of_rank(dist.get_rank(), config.vocab_size)
     batch = MicroBatch(
@@ -143,8 +153,8 @@ def _train_steps(config: ModelConfig, layouts: list[Layout]) -> Result:
     )
     settings = LossSettings(chunk_tokens=8, aux_loss_coef=0.1, z_loss_coef=0.01, max_grad_norm=0.05)
     out: dict[str, Any] = {}
-    for ep_size, slices in layouts:
-        model = build(config, ep_size, domino_slices=slices)
+    for name, layout in layouts.items():
+        model = build(config, **layout)
         optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
         step = train_step(
             model,
@@ -155,5 +165,5 @@ def _train_steps(config: ModelConfig, layouts: list[Layout]) -> Result:
             dp_size=world,
         )
         state = {name: full_tensor(t.detach()).clone() for name, t in model.state_dict().items()}
-        out[f"{ep_size}x{slices}"] = {"step": step, "state": unwrapped_names(state) if dist.get_rank() == 0 else None}
+        out[name] = {"step": step, "state": unwrapped_names(state) if dist.get_rank() == 0 else None}
     return out

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from xtrain.config import ParallelSection
 from xtrain.model.config import ModelConfig
 from xtrain.model.moe import MoEConfig
 from xtrain.model.moe.aux_loss import load_balancing_loss, router_z_loss
@@ -19,8 +20,9 @@ from xtrain.parallel.all_to_all import CommObserver
 from xtrain.parallel.checkpointing import apply_activation_checkpointing
 from xtrain.parallel.expert_parallel import apply_expert_parallel
 from xtrain.parallel.fsdp import apply_fsdp
+from xtrain.parallel.layout import check_layout
 from xtrain.parallel.materialize import materialize, unwrapped_names
-from xtrain.parallel.mesh import data_parallel_mesh, expert_parallel_mesh
+from xtrain.parallel.mesh import model_meshes
 from xtrain.parallel.tensors import full_tensor
 
 TOKENS = 24
@@ -57,25 +59,25 @@ def moe_config(*, router: str = "sigmoid_group_limited", biased: bool = False, e
 
 def build(
     config: ModelConfig,
-    ep_size: int,
+    ep_size: int = 1,
     *,
     domino_slices: int = 1,
     observer: CommObserver | None = None,
     prepare: Callable[[Transformer], None] | None = None,
     checkpointing: str = "none",
+    replicate: int = 1,
 ) -> Transformer:
-    world = dist.get_world_size()
+    """The model on all ranks (one node) under ``ep_size`` and ``replicate`` (HSDP replicas)."""
+    num_experts = config.moe.num_experts if config.moe is not None else None
+    parallel = ParallelSection(replicate=replicate, ep_size=ep_size)
+    layout = check_layout(parallel, dist.get_world_size(), num_experts=num_experts)
+    meshes = model_meshes(layout, "cpu")
     with torch.device("meta"):
         model = Transformer(config)
-    if ep_size == 1:
-        apply_activation_checkpointing(model, checkpointing)
-        apply_fsdp(model, data_parallel_mesh("cpu", world, replicate=1), param_dtype=torch.float32)
-    else:
-        assert config.moe is not None
-        mesh = expert_parallel_mesh("cpu", world, world, config.moe.num_experts, ep_size)
-        apply_expert_parallel(model, mesh, domino_slices=domino_slices, observer=observer)
-        apply_activation_checkpointing(model, checkpointing)
-        apply_fsdp(model, mesh.all_ranks, param_dtype=torch.float32, expert_mesh=mesh.expert_shard)
+    if meshes.expert is not None:
+        apply_expert_parallel(model, meshes.expert, domino_slices=domino_slices, observer=observer)
+    apply_activation_checkpointing(model, checkpointing)
+    apply_fsdp(model, meshes.dense, param_dtype=torch.float32, expert_mesh=meshes.expert_shard)
     materialize(model, torch.device("cpu"), seed=SEED)
     if prepare is not None:
         prepare(model)

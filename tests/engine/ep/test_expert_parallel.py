@@ -84,17 +84,32 @@ def test_domino_slices_reduce_each_gradient_group_once(ep_two_ranks: list[Any]) 
     assert plain == sliced and plain > 0, counted
 
 
+def _assert_same_step(got: dict[str, Any], want: dict[str, Any], what: str) -> None:
+    for field in ("loss", "aux_loss", "z_loss", "grad_norm"):
+        value = getattr(got["step"], field)
+        assert value == pytest.approx(getattr(want["step"], field), rel=1e-5, abs=1e-7), (what, field)
+    assert want["step"].grad_norm > 0.05, "clipping should take part"
+    assert not got["step"].skipped, what
+    # After one SGD step (clipped gradients, router bias update from the global counts) the weights agree.
+    assert got["state"].keys() == want["state"].keys(), what
+    for name, tensor in want["state"].items():
+        torch.testing.assert_close(got["state"][name], tensor, **TOLERANCE, msg=f"{what}: {name}")
+
+
 @on_two_ranks
 def test_the_trainer_step_under_ep_matches_plain_fsdp(ep_two_ranks: list[Any]) -> None:
     steps = _check(ep_two_ranks, "train_step")[0]
-    plain, ep = steps["1x1"], steps["2x2"]
-    for field in ("loss", "aux_loss", "z_loss", "grad_norm"):
-        assert getattr(ep["step"], field) == pytest.approx(getattr(plain["step"], field), rel=1e-5, abs=1e-7), field
-    assert plain["step"].grad_norm > 0.05, "clipping should take part"
-    assert not ep["step"].skipped
-    # After one SGD step (clipped gradients, router bias update from the global counts) the weights agree.
-    for name, tensor in plain["state"].items():
-        torch.testing.assert_close(ep["state"][name], tensor, **TOLERANCE, msg=name)
+    _assert_same_step(steps["2x2"], steps["1x1"], "ep 2 with 2 slices")
+
+
+@on_four_ranks
+def test_ep_inside_hsdp_replicas_steps_like_plain_fsdp(ep_four_ranks: list[Any]) -> None:
+    # replicate 2 × ep 2 on four ranks: experts split over the two ranks of each replica, gradients all-reduced
+    # over the replicas; the losses, the gradient norm (each parameter counted once) and the weights after one
+    # clipped step are those of plain FSDP and of HSDP without EP.
+    steps = _check(ep_four_ranks, "replicas")[0]
+    for name in ("hsdp", "hsdp ep 2", "hsdp ep 2 domino"):
+        _assert_same_step(steps[name], steps["fsdp"], name)
 
 
 @on_two_ranks

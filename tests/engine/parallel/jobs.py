@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
+from xtrain.config import ParallelSection
 from xtrain.loss import peak_allocated_bytes
 from xtrain.model.config import ModelConfig
 from xtrain.model.hf import read_hf_config
@@ -32,8 +33,9 @@ from xtrain.model.transformer import Transformer
 from xtrain.parallel.checkpointing import apply_activation_checkpointing
 from xtrain.parallel.distributed import close_distributed, init_distributed
 from xtrain.parallel.fsdp import apply_fsdp
+from xtrain.parallel.layout import check_layout
 from xtrain.parallel.materialize import materialize, unwrapped_names
-from xtrain.parallel.mesh import data_parallel_mesh
+from xtrain.parallel.mesh import model_meshes
 from xtrain.parallel.tensors import full_tensor, save_hf_sharded
 
 from .tiny import SEED, inputs_of_rank, logits_head, set_router_biases, sigmoid_moe_config, training_loss
@@ -52,7 +54,7 @@ class HFFolders:
 
 def two_rank_job(folders: HFFolders) -> dict[str, Result]:
     rank = start_gloo()
-    mesh = data_parallel_mesh("cpu", 2, replicate=1)
+    mesh = model_meshes(check_layout(ParallelSection(), 2), "cpu").dense
     config = sigmoid_moe_config()
     checks: dict[str, Callable[[], Result]] = {
         "init": lambda: _init(config, mesh),
@@ -70,8 +72,8 @@ def two_rank_job(folders: HFFolders) -> dict[str, Result]:
 
 def four_rank_job() -> dict[str, Result]:
     rank = start_gloo()
-    fsdp = data_parallel_mesh("cpu", 4, replicate=1)
-    hsdp = data_parallel_mesh("cpu", 4, replicate=2)
+    fsdp = model_meshes(check_layout(ParallelSection(), 4), "cpu").dense
+    hsdp = model_meshes(check_layout(ParallelSection(replicate=2), 4), "cpu").dense
     untied, tied = sigmoid_moe_config(), sigmoid_moe_config(tie=True)
     checks: dict[str, Callable[[], Result]] = {
         "init fsdp": lambda: _init(untied, fsdp),

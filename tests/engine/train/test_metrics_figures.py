@@ -21,11 +21,12 @@ def test_cpu_peak_memory_is_never_below_allocated_over_calls_with_allocations_be
     held.clear()
     seen.append(memory_figures(CPU))
     for figures in seen:
-        assert figures["mem_peak_bytes"] >= figures["mem_allocated_bytes"] > 0
-    peaks = [figures["mem_peak_bytes"] for figures in seen]
+        assert figures.peak >= figures.allocated > 0
+        assert figures.reserved is None  # a CUDA allocator's figure only
+    peaks = [figures.peak for figures in seen]
     assert peaks == sorted(peaks)  # a high-water mark: it never goes down
-    assert peaks[-1] >= max(figures["mem_allocated_bytes"] for figures in seen)
-    assert seen[4]["mem_allocated_bytes"] - seen[0]["mem_allocated_bytes"] >= 200 << 20  # RSS grew by the blocks
+    assert peaks[-1] >= max(figures.allocated for figures in seen)
+    assert seen[4].allocated - seen[0].allocated >= 200 << 20  # RSS grew by the blocks
 
 
 @pytest.mark.parametrize(

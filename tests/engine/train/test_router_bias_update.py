@@ -42,18 +42,20 @@ def _packs() -> list[Pack]:
 
 
 def _train_one_step_in_rank() -> list[torch.Tensor]:
-    from xtrain.config import OptimSection
+    from xtrain.config import OptimSection, ParallelSection
     from xtrain.parallel.distributed import init_distributed
     from xtrain.parallel.fsdp import apply_fsdp
+    from xtrain.parallel.layout import check_layout
     from xtrain.parallel.materialize import materialize
-    from xtrain.parallel.mesh import data_parallel_mesh
+    from xtrain.parallel.mesh import model_meshes
     from xtrain.train.optimizer import build_optimizer
     from xtrain.train.step import GlobalBatch, LossSettings, MicroBatch, train_step
 
     ctx = init_distributed("cpu")
     with torch.device("meta"):
         model = Transformer(_sigmoid_config())
-    apply_fsdp(model, data_parallel_mesh("cpu", ctx.world_size, 1), param_dtype=torch.float32)
+    mesh = model_meshes(check_layout(ParallelSection(), ctx.world_size), "cpu").dense
+    apply_fsdp(model, mesh, param_dtype=torch.float32)
     materialize(model, ctx.device, seed=0)
     optimizer = build_optimizer(model, OptimSection(), ctx.device)
     packs = _packs()

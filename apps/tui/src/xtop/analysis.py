@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+EXIT_BAD_INPUT = 2  # deeptrace's exit status for an input it refuses (its message is the last stderr line)
 _DEEPTRACE = "import sys; from deeptrace.cli import main; sys.exit(main())"
 
 
@@ -36,11 +37,15 @@ class Analysis:
 
     @property
     def failure(self) -> str | None:
-        """The command's own last message when it failed (its error line), else None."""
+        """None while it runs or when it succeeded (exit status 0); else what it said last on stderr (deeptrace
+        ends a refusal with its one-line message, exit status 2), with the exit status."""
         if self.returncode in (None, 0):
             return None
-        errors = [line for line in self.lines if "error" in line]
-        return (errors or self.lines or [f"deeptrace analyze exited with status {self.returncode}"])[-1]
+        said = [line for line in self.lines if line.strip()]
+        if self.returncode == EXIT_BAD_INPUT and said:
+            return said[-1]
+        status = f"deeptrace analyze exited with status {self.returncode}"
+        return f"{said[-1]} ({status})" if said else status
 
     def cancel(self) -> None:
         if self._process is not None and self.returncode is None:

@@ -122,19 +122,11 @@ class ParallelSection(_Section):
     ep_size: int = Field(default=1, ge=1)
     """Expert parallelism: each MoE layer's experts are split over this many ranks of one node, and tokens travel
     to their experts' ranks and back by all-to-all (1 = off). Must divide the processes, the processes per node and
-    the number of experts (checked before any process starts); not with ``replicate`` > 1."""
+    the number of experts (checked before any process starts, ``xtrain.parallel.layout``). With ``replicate`` > 1
+    the experts are split inside each replica group and the replicas are all-reduced, as HSDP does for the rest."""
     domino_slices: int = Field(default=1, ge=1)
     """Domino-EP: each micro-batch's tokens go through every MoE layer in this many slices, so that one slice's
     all-to-all overlaps another slice's compute (1 = off; numerically the same). Only used with ``ep_size`` > 1."""
-
-    @model_validator(mode="after")
-    def _check(self) -> ParallelSection:
-        if self.ep_size > 1 and self.replicate > 1:
-            raise ValueError(
-                f"parallel.ep_size = {self.ep_size} does not combine with parallel.replicate = {self.replicate} "
-                "(expert parallelism shards over all ranks; set one of them to 1)"
-            )
-        return self
 
 
 class MemorySection(_Section):

@@ -12,7 +12,7 @@ from deeptrace.analysis.run import RunAnalysis
 from deeptrace.report.model import Report
 from deeptrace.rundir import layout
 
-REPORT_JSON = "report.json"
+REPORT_JSON = layout.REPORT_FILE
 REPORT_MD = "report.md"
 SUMMARY_PNG = "summary.png"
 MERGED_TRACE = "merged_trace.json"

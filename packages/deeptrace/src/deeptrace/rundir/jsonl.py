@@ -9,14 +9,19 @@ raises TraceInputError with the file and the 1-based line number.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import orjson
 
 from deeptrace.errors import TraceInputError
 
 _READ_CHUNK = 1 << 20
+
+T = TypeVar("T")
+LineParser = Callable[[Path, int, bytes], T]
+"""(file, 1-based line number, the line's bytes) -> a record, or TraceInputError naming the file and line."""
 
 
 def _parse_line(path: Path, line_no: int, raw: bytes) -> dict[str, Any]:
@@ -29,8 +34,9 @@ def _parse_line(path: Path, line_no: int, raw: bytes) -> dict[str, Any]:
     return obj
 
 
-class JsonlFollower:
-    """Follow a growing JSON Lines file: each `poll()` returns the records completed since the previous one.
+class RecordFollower(Generic[T]):
+    """Follow a growing JSON Lines file: each `poll()` returns the records completed since the previous one, each
+    made from its line by `parse` (a typed record's `from_line`).
 
     The file may not exist yet (poll returns []). Only newline-terminated lines count, so a half-written last line
     is picked up by a later poll once its writer finishes it, never lost and never raised on. A corrupt complete
@@ -39,8 +45,9 @@ class JsonlFollower:
     (it was replaced), following restarts from its beginning.
     """
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, parse: LineParser[T]) -> None:
         self.path = Path(path)
+        self._parse = parse
         self._offset = 0  # byte offset of the first line not yet returned
         self._line_no = 0  # number of complete lines consumed so far
         self._pending_error: TraceInputError | None = None
@@ -49,7 +56,7 @@ class JsonlFollower:
     def lines_read(self) -> int:
         return self._line_no
 
-    def poll(self) -> list[dict[str, Any]]:
+    def poll(self) -> list[T]:
         if self._pending_error is not None:
             error, self._pending_error = self._pending_error, None
             raise error
@@ -62,7 +69,7 @@ class JsonlFollower:
                 data = handle.read(size - self._offset)
         except FileNotFoundError:
             return []
-        records: list[dict[str, Any]] = []
+        records: list[T] = []
         end = data.rfind(b"\n")
         if end < 0:
             return records
@@ -73,7 +80,7 @@ class JsonlFollower:
             line_no = self._line_no + 1
             if raw.strip():
                 try:
-                    records.append(_parse_line(self.path, line_no, raw))
+                    records.append(self._parse(self.path, line_no, raw))
                 except TraceInputError as error:
                     # Consume the bad line now; report it after the records that precede it are delivered.
                     self._advance(newline + 1 - position)
@@ -90,8 +97,20 @@ class JsonlFollower:
         self._line_no += 1
 
 
+class JsonlFollower(RecordFollower[dict[str, Any]]):
+    """A `RecordFollower` of plain JSON objects."""
+
+    def __init__(self, path: Path | str) -> None:
+        super().__init__(path, _parse_line)
+
+
 def read_jsonl(path: Path | str, *, missing_ok: bool = False) -> list[dict[str, Any]]:
-    """All records of a JSON Lines file.
+    """All objects of a JSON Lines file (see `read_records`)."""
+    return read_records(path, _parse_line, missing_ok=missing_ok)
+
+
+def read_records(path: Path | str, parse: LineParser[T], *, missing_ok: bool = False) -> list[T]:
+    """All records of a JSON Lines file, each made from its line by `parse`.
 
     A half-written last line (no newline, not valid JSON) is ignored; a last line that lacks only its newline but
     parses is a record. A corrupt line anywhere else raises TraceInputError with its line number.
@@ -105,8 +124,8 @@ def read_jsonl(path: Path | str, *, missing_ok: bool = False) -> list[dict[str, 
         raise TraceInputError(path, "file not found") from None
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the file ends with a newline
-    records = [_parse_line(path, number, raw) for number, raw in enumerate(lines, start=1) if raw.strip()]
+    records = [parse(path, number, raw) for number, raw in enumerate(lines, start=1) if raw.strip()]
     if tail.strip():
         with contextlib.suppress(TraceInputError):  # else the writer is in the middle of this line
-            records.append(_parse_line(path, len(lines) + 1, tail))
+            records.append(parse(path, len(lines) + 1, tail))
     return records

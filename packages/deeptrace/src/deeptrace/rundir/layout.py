@@ -24,6 +24,7 @@ CHECKPOINTS_DIR = "checkpoints"
 LOGS_DIR = "logs"
 HF_DIR = "hf"
 REPORT_DIR = "deeptrace"  # what `deeptrace analyze` and `deeptrace watch` write
+REPORT_FILE = "report.json"  # `deeptrace analyze`'s report (deeptrace.report.model), in REPORT_DIR
 FLIGHT_RECORDER_DIR = "flight_recorder"  # PyTorch Flight Recorder dumps, one per rank (TORCH_FR_DUMP_TEMP_FILE)
 STACKS_DIR = "stacks"  # the in-process stack dumps of the ranks (Collector, on a signal)
 HANG_DIR_PREFIX = "hang-"  # deeptrace/hang-<UTC time>/: one diagnosed hang of `deeptrace watch`
@@ -223,6 +224,11 @@ def hf_dir(run_dir: Path | str) -> Path:
 
 def report_dir(run_dir: Path | str) -> Path:
     return Path(run_dir) / REPORT_DIR
+
+
+def report_path(run_dir: Path | str) -> Path:
+    """RUN_DIR/deeptrace/report.json, where `deeptrace analyze RUN_DIR` writes its report by default."""
+    return report_dir(run_dir) / REPORT_FILE
 
 
 def rank_of_file(path: Path | str) -> int | None:

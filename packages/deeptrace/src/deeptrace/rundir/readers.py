@@ -7,13 +7,13 @@ complete) and on the leftovers of a crashed one.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from deeptrace.errors import TraceInputError
 from deeptrace.rundir import layout
 from deeptrace.rundir.jsonio import check_format_version, read_json_object
-from deeptrace.rundir.jsonl import read_jsonl
+from deeptrace.rundir.jsonl import RecordFollower, read_records
 from deeptrace.rundir.records import Heartbeat, RankClock, RunMeta
+from deeptrace.rundir.step_records import RankStepRecord, StepRecord
 
 
 def read_meta(run_dir: Path | str) -> RunMeta:
@@ -31,21 +31,36 @@ def read_config_toml(run_dir: Path | str) -> str:
         raise TraceInputError(path, "file not found") from None
 
 
-def read_metrics(run_dir: Path | str) -> list[dict[str, Any]]:
-    """metrics.jsonl, one dict per optimizer step; [] when the file does not exist (yet)."""
-    return read_jsonl(layout.metrics_path(run_dir), missing_ok=True)
+def read_metrics(run_dir: Path | str) -> list[StepRecord]:
+    """metrics.jsonl, one record per optimizer step; [] when the file does not exist (yet)."""
+    return read_records(layout.metrics_path(run_dir), StepRecord.from_line, missing_ok=True)
 
 
-def read_rank_records(run_dir: Path | str) -> dict[int, list[dict[str, Any]]]:
+def read_rank_records(run_dir: Path | str) -> dict[int, list[RankStepRecord]]:
     """ranks/rank-{R}.jsonl of every rank that has one, keyed by rank."""
+    return {rank: read_records(path, RankStepRecord.from_line) for rank, path in rank_records_files(run_dir).items()}
+
+
+def rank_records_files(run_dir: Path | str) -> dict[int, Path]:
+    """ranks/rank-{R}.jsonl by rank, of the ranks that have one (sorted by rank)."""
     folder = layout.ranks_dir(run_dir)
-    found: dict[int, list[dict[str, Any]]] = {}
+    found: dict[int, Path] = {}
     if folder.is_dir():
-        for path in sorted(folder.glob("rank-*.jsonl")):
+        for path in folder.glob("rank-*.jsonl"):
             rank = layout.rank_of_file(path)
-            if rank is not None:
-                found[rank] = read_jsonl(path)
+            if rank is not None and path.name == f"rank-{rank}.jsonl":
+                found[rank] = path
     return dict(sorted(found.items()))
+
+
+def follow_metrics(run_dir: Path | str) -> RecordFollower[StepRecord]:
+    """A follower of metrics.jsonl: each poll returns the step records completed since the last one."""
+    return RecordFollower(layout.metrics_path(run_dir), StepRecord.from_line)
+
+
+def follow_rank_records(path: Path | str) -> RecordFollower[RankStepRecord]:
+    """A follower of one ranks/rank-{R}.jsonl (a path of `rank_records_files`)."""
+    return RecordFollower(path, RankStepRecord.from_line)
 
 
 def read_heartbeat(path: Path | str) -> Heartbeat:

@@ -1,4 +1,4 @@
-"""RunWriter: how a training job writes its run directory (meta, config, metrics, per-rank records).
+"""RunWriter: how a training job writes its run directory (meta, config, step records, per-rank step records).
 
 Rank 0 writes the run-wide files (meta.json, config.toml, metrics.jsonl); every rank writes its own
 ranks/rank-{R}.jsonl. Spans and heartbeats are written by `deeptrace.collect.Collector`. Every JSON Lines record is
@@ -20,6 +20,7 @@ from deeptrace import __version__
 from deeptrace.rundir import layout
 from deeptrace.rundir.jsonio import dumps, write_atomically
 from deeptrace.rundir.records import RunMeta
+from deeptrace.rundir.step_records import RankStepRecord, StepRecord
 
 
 class RunDirectoryError(ValueError):
@@ -92,44 +93,21 @@ class RunWriter:
         self._require_rank0("config.toml")
         write_atomically(layout.config_path(self.run_dir), text.encode())
 
-    def append_metrics(self, step: int, **fields: Any) -> None:
-        """Append one optimizer step's metrics to metrics.jsonl (rank 0), flushed before returning.
-
-        `step` and `time_unix_s` (now) are added; the fields are free-form JSON values (see docs/run-directory.md
-        for the names xtrain uses and their units).
-        """
+    def append_step(self, record: StepRecord) -> None:
+        """Append one optimizer step's record to metrics.jsonl (rank 0), flushed before returning."""
         self._require_rank0("metrics.jsonl")
         if self._metrics is None:
             self._metrics = layout.metrics_path(self.run_dir).open("ab", buffering=0)
-        self._metrics.write(dumps({"step": step, "time_unix_s": time.time(), **fields}) + b"\n")
+        self._metrics.write(record.to_line())
 
-    def append_rank_record(
-        self,
-        step: int,
-        *,
-        step_time_s: float | None = None,
-        data_wait_s: float | None = None,
-        mem_allocated_bytes: int | None = None,
-        mem_peak_bytes: int | None = None,
-        mem_reserved_bytes: int | None = None,
-        **extra: Any,
-    ) -> None:
-        """Append this rank's record for one step to ranks/rank-{R}.jsonl, flushed before returning."""
+    def append_rank_step(self, record: RankStepRecord) -> None:
+        """Append this rank's record of one step to ranks/rank-{R}.jsonl, flushed before returning."""
+        if record.rank != self.rank:
+            raise RunDirectoryError(f"a record of rank {record.rank} given to the writer of rank {self.rank}")
         if self._rank_records is None:
             path = layout.rank_records_path(self.run_dir, self.rank)
             self._rank_records = path.open("ab", buffering=0)
-        record = {
-            "step": step,
-            "rank": self.rank,
-            "time_unix_s": time.time(),
-            "step_time_s": step_time_s,
-            "data_wait_s": data_wait_s,
-            "mem_allocated_bytes": mem_allocated_bytes,
-            "mem_peak_bytes": mem_peak_bytes,
-            "mem_reserved_bytes": mem_reserved_bytes,
-            **extra,
-        }
-        self._rank_records.write(dumps(record) + b"\n")
+        self._rank_records.write(record.to_line())
 
     def close(self) -> None:
         for handle in (self._metrics, self._rank_records):

@@ -17,12 +17,14 @@ communication of one layer overlaps the computation of its neighbour. Mixed prec
 ``param_dtype`` for compute, gradients are reduced in ``reduce_dtype``; the sharded master weights and the
 optimizer state stay in the dtype the model was built in (fp32).
 
-Expert parallelism (``expert_mesh`` given, after ``apply_expert_parallel``): ``mesh`` is then the mesh of all
-ranks, over which every non-expert parameter is sharded, and each MoE block's ``experts`` gets its own group on
-``expert_mesh``, the ranks that hold the same experts (the fsdp dimension): its parameters, already sharded on
-the expert dimension over ep, are sharded on dimension 1 over fsdp, and their gradients are reduce-scattered over
-fsdp only. Those gradients already hold the contributions of every token of the ep group (the all-to-all's
-backward brought them), so summing over fsdp sums over all ranks' tokens; they are divided by the world size, as
+Expert parallelism (``expert_mesh`` given, after ``apply_expert_parallel``; the meshes of
+``xtrain.parallel.mesh.model_meshes``): ``mesh`` is then the mesh over which every non-expert parameter is
+sharded (all ranks, or replicate × the ranks of a replica group), and each MoE block's ``experts`` gets its own
+group on ``expert_mesh``, the ranks that hold the same experts (fsdp, or replicate × fsdp under HSDP): its
+parameters, already sharded on the expert dimension over ep, are sharded on dimension 1 over fsdp (and replicated
+over the replicas), and their gradients are reduce-scattered over fsdp (then all-reduced over the replicas).
+Those gradients already hold the contributions of every token of the ep group (the all-to-all's backward brought
+them), so summing over fsdp and the replicas sums over all ranks' tokens; they are divided by the world size, as
 the others are averaged over it (a SUM then a division: gloo lacks PREMUL_SUM). The experts' ``forward_slices``
 is registered as a forward method: the expert-parallel schedule calls it once per layer for all its slices, so
 each group is gathered once and reduced once.
@@ -102,9 +104,10 @@ def _shard_experts(
         )
         world = torch.distributed.get_world_size()
         group.set_gradient_divide_factor(float(world))
-        # A SUM then a division (gloo lacks PREMUL_SUM). Not on a one-rank group: there FSDP issues no collective
-        # and divides while copying, and with forced sums it would divide a second time (torch 2.13).
-        group.set_force_sum_reduction_for_comms(expert_mesh.size() > 1)
+        # A SUM then a division (gloo lacks PREMUL_SUM). Not when the reduce-scatter group (the mesh's last
+        # dimension; under HSDP the replicas are all-reduced with SUM after it) has one rank: there FSDP issues no
+        # reduce-scatter and divides while copying, and with forced sums it would divide a second time (torch 2.13).
+        group.set_force_sum_reduction_for_comms(expert_mesh.size(expert_mesh.ndim - 1) > 1)
         for method in EXPERT_FORWARD_METHODS:
             register_fsdp_forward_method(experts, method)
 

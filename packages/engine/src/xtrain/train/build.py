@@ -19,8 +19,9 @@ from xtrain.parallel.compile import apply_compile
 from xtrain.parallel.distributed import Distributed
 from xtrain.parallel.expert_parallel import ExchangeSpans, apply_expert_parallel
 from xtrain.parallel.fsdp import apply_fsdp
+from xtrain.parallel.layout import ParallelLayout
 from xtrain.parallel.materialize import materialize
-from xtrain.parallel.mesh import data_parallel_mesh, expert_parallel_mesh
+from xtrain.parallel.mesh import model_meshes
 from xtrain.parallel.offload import apply_activation_offload
 from xtrain.train.step import LossSettings
 
@@ -43,41 +44,36 @@ def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
 
 
 def build_model(
-    config: TrainConfig, model_cfg: ModelConfig, dist_ctx: Distributed, collector: Collector | None = None
+    config: TrainConfig,
+    model_cfg: ModelConfig,
+    dist_ctx: Distributed,
+    layout: ParallelLayout,
+    collector: Collector | None = None,
 ) -> Transformer:
     """The sharded, materialised model: meta → (expert parallelism) → (checkpointing, offload) → (compile) →
-    FSDP2 → allocate + init/load after sharding. ``collector``: the all-to-alls of expert parallelism are
-    recorded as its COMM spans."""
-    ep_mesh = None
-    if config.parallel.ep_size > 1:
-        num_experts = model_cfg.moe.num_experts if model_cfg.moe is not None else None
-        ep_mesh = expert_parallel_mesh(
-            dist_ctx.device.type, dist_ctx.world_size, dist_ctx.local_world_size, num_experts, config.parallel.ep_size
-        )
+    FSDP2 → allocate + init/load after sharding, over the meshes of ``layout`` (checked by ``check_layout``).
+    ``collector``: the all-to-alls of expert parallelism are recorded as its COMM spans."""
+    meshes = model_meshes(layout, dist_ctx.device.type)
     with torch.device("meta"):
         model = Transformer(model_cfg)
-    if ep_mesh is not None:
+    if meshes.expert is not None:
         # First: checkpointing then wraps layers whose MoE blocks already exchange tokens (and saves what they
         # receive, see parallel/checkpointing.py), and FSDP shards the expert DTensors over their replicas.
         observer = ExchangeSpans(collector) if collector is not None and config.trace.enabled else None
-        apply_expert_parallel(model, ep_mesh, domino_slices=config.parallel.domino_slices, observer=observer)
+        apply_expert_parallel(model, meshes.expert, domino_slices=config.parallel.domino_slices, observer=observer)
     apply_activation_checkpointing(model, config.memory.checkpointing)
     if config.memory.offload:
         apply_activation_offload(model, dist_ctx.device, config.memory.offload_resident_layers)
     if config.parallel.compile:
         # Under EP the exchange schedule is kept out of the graph (host-side split sizes): a graph break.
-        apply_compile(model, fullgraph=ep_mesh is None)
-    if ep_mesh is not None:
-        mesh = ep_mesh.all_ranks
-    else:
-        mesh = data_parallel_mesh(dist_ctx.device.type, dist_ctx.world_size, config.parallel.replicate)
+        apply_compile(model, fullgraph=not layout.expert_parallel)
     apply_fsdp(
         model,
-        mesh,
+        meshes.dense,
         param_dtype=compute_dtype(config, dist_ctx.device),
         reshard_after_forward=config.parallel.reshard_after_forward,
         prefetch=config.parallel.prefetch,
-        expert_mesh=ep_mesh.expert_shard if ep_mesh is not None else None,
+        expert_mesh=meshes.expert_shard,
     )
     materialize(model, dist_ctx.device, seed=config.train.seed, hf_path=config.model.hf_path)
     return model

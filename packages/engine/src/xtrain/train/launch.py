@@ -23,6 +23,7 @@ from pathlib import Path
 
 from xtrain.config import TrainConfig, load_train_config, missing_paths
 from xtrain.errors import ConfigError
+from xtrain.parallel.layout import ParallelLayout, check_layout
 
 ERROR_DIR_ENV = "XTRAIN_ERROR_DIR"
 """Folder where each rank writes the message of a user error (set by the launcher for its ranks)."""
@@ -51,30 +52,22 @@ def load_and_check(config_path: Path, overrides: tuple[str, ...]) -> TrainConfig
     return config
 
 
-def check_world_size(config: TrainConfig, world_size: int, processes_per_node: int | None = None) -> None:
+def check_world_size(config: TrainConfig, world_size: int, processes_per_node: int | None = None) -> ParallelLayout:
     """What the number of processes must satisfy (checked by the launcher before it starts them, and by every
-    rank under torchrun). ``processes_per_node`` None: all on this node (``--nproc``, torchrun --standalone)."""
+    rank under torchrun); the job's parallel layout. ``processes_per_node`` None: all on this node (``--nproc``,
+    torchrun --standalone)."""
     if config.train.global_batch % world_size:
         raise ConfigError(
             f"train.global_batch = {config.train.global_batch} must be a multiple of the number of processes "
             f"({world_size}): each rank runs global_batch / processes packs per step"
         )
-    if world_size % config.parallel.replicate:
-        raise ConfigError(
-            f"parallel.replicate = {config.parallel.replicate} must divide the number of processes ({world_size})"
-        )
-    if config.parallel.ep_size > 1:
-        from xtrain.parallel.mesh import check_expert_parallel  # noqa: PLC0415 (torch: only when EP is asked for)
+    num_experts = None
+    if config.parallel.ep_size > 1:  # the model's config is read only when its experts are split
         from xtrain.train.build import resolve_model_config  # noqa: PLC0415
 
         moe = resolve_model_config(config).moe
-        check_expert_parallel(
-            world_size,
-            world_size if processes_per_node is None else processes_per_node,
-            moe.num_experts if moe is not None else None,
-            config.parallel.ep_size,
-            replicate=config.parallel.replicate,
-        )
+        num_experts = moe.num_experts if moe is not None else None
+    return check_layout(config.parallel, world_size, processes_per_node, num_experts)
 
 
 def check_resume(resume: str, run_dir: Path, config: TrainConfig) -> None:

@@ -129,20 +129,30 @@ def _measure_matmul_rate(dtype: torch.dtype, threads: int) -> float:
     return 2.0 * n**3 / max(best, 1e-9)
 
 
-def memory_figures(device: torch.device) -> dict[str, int]:
-    """mem_allocated_bytes, mem_peak_bytes (and mem_reserved_bytes on CUDA) of this process now (see the
-    module's docstring)."""
+@dataclass(frozen=True)
+class MemoryFigures:
+    """This process's memory now, in bytes, of one measure family (see the module's docstring)."""
+
+    allocated: int
+    peak: int
+    """The high-water mark of ``allocated``: never below it."""
+    reserved: int | None = None
+    """What the CUDA caching allocator holds from the driver; None on the CPU."""
+
+
+def memory_figures(device: torch.device) -> MemoryFigures:
+    """This process's memory figures now (see the module's docstring)."""
     if device.type == "cuda":
-        return {
-            "mem_allocated_bytes": torch.cuda.memory_allocated(device),
-            "mem_peak_bytes": torch.cuda.max_memory_allocated(device),
-            "mem_reserved_bytes": torch.cuda.memory_reserved(device),
-        }
+        return MemoryFigures(
+            allocated=torch.cuda.memory_allocated(device),
+            peak=torch.cuda.max_memory_allocated(device),
+            reserved=torch.cuda.memory_reserved(device),
+        )
     resident, high_water = _resident_set_bytes()
     # The kernel's RSS counters are approximate (per-CPU) and VmHWM is raised lazily, so a read can show VmRSS
     # above VmHWM, and VmHWM below a VmRSS read earlier: the peak is also raised to every figure seen before.
     _cpu_high_water[0] = max(_cpu_high_water[0], high_water, resident)
-    return {"mem_allocated_bytes": resident, "mem_peak_bytes": _cpu_high_water[0]}
+    return MemoryFigures(allocated=resident, peak=_cpu_high_water[0])
 
 
 _cpu_high_water = [0]  # the highest CPU resident-set figure this process has reported, bytes

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import queue
 import threading
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
-from deeptrace.rundir import RunWriter
+from deeptrace.rundir import RankStepRecord, RunWriter, StepRecord
 
 from xtrain.data import Pack
 from xtrain.data.balance import pack_cost
 from xtrain.model.config import ModelConfig
 from xtrain.model.flops import training_flops_per_token
-from xtrain.train.metrics import mfu
+from xtrain.train.metrics import MemoryFigures, mfu
 from xtrain.train.progress import ProgressLine
 from xtrain.train.step import StepResult
 
@@ -39,6 +38,15 @@ class RunFigures:
 
 
 @dataclass(frozen=True)
+class Resumed:
+    """Where a resumed run came from: the checkpoint's step (0 and no folder: none was found, started over)."""
+
+    from_step: int
+    folder: str | None = None
+    world_size: int | None = None
+
+
+@dataclass(frozen=True)
 class StepFacts:
     step: int
     result: StepResult
@@ -53,11 +61,11 @@ class StepFacts:
     train_elapsed_s: float
     skipped_lines: int
     skipped_steps: int
-    memory: dict[str, int]
-    checkpoint: dict[str, float] = field(default_factory=dict)
-    """``checkpoint_stall_s`` when the step saved."""
-    resumed: dict[str, Any] = field(default_factory=dict)
-    """Where the run came from, on the first record after a resume."""
+    memory: MemoryFigures
+    checkpoint_stall_s: float | None = None
+    """When the step saved: how long the loop waited for it."""
+    resumed: Resumed | None = None
+    """Where the run came from, on the first record after a resume (or after starting over)."""
 
 
 class StepReporter:
@@ -96,56 +104,60 @@ class StepReporter:
                 self._error = error
 
     def _write(self, facts: StepFacts) -> None:
-        self.writer.append_rank_record(facts.step, **rank_fields(facts))
+        self.writer.append_rank_step(rank_record(facts, self.writer.rank))
         if self.figures.is_main:
-            self.writer.append_metrics(facts.step, **metrics_fields(facts, self.figures))
+            self.writer.append_step(step_record(facts, self.figures))
             done = facts.step - self.figures.start_step
             eta = facts.train_elapsed_s / done * (self.figures.max_steps - facts.step)
             self.progress.update(facts.step, facts.result.loss, _tokens(facts.packs) / facts.step_time_s, eta_s=eta)
 
 
-def rank_fields(facts: StepFacts) -> dict[str, Any]:
-    return {
-        "step_time_s": facts.step_time_s,
-        "data_wait_s": facts.data_wait_s,
-        "tokens": _tokens(facts.mine),
-        "pack_ids": [pack.pack_id for pack in facts.mine],
-        "attention_cost": sum(pack_cost(pack.pieces) for pack in facts.mine),
-        **facts.checkpoint,
-        **facts.memory,
-    }
+def rank_record(facts: StepFacts, rank: int) -> RankStepRecord:
+    return RankStepRecord(
+        step=facts.step,
+        rank=rank,
+        step_time_s=facts.step_time_s,
+        data_wait_s=facts.data_wait_s,
+        tokens=_tokens(facts.mine),
+        pack_ids=[pack.pack_id for pack in facts.mine],
+        attention_cost=sum(pack_cost(pack.pieces) for pack in facts.mine),
+        checkpoint_stall_s=facts.checkpoint_stall_s,
+        mem_allocated_bytes=facts.memory.allocated,
+        mem_peak_bytes=facts.memory.peak,
+        mem_reserved_bytes=facts.memory.reserved,
+    )
 
 
-def metrics_fields(facts: StepFacts, figures: RunFigures) -> dict[str, Any]:
-    result = facts.result
+def step_record(facts: StepFacts, figures: RunFigures) -> StepRecord:
+    result, resumed = facts.result, facts.resumed
     tokens = _tokens(facts.packs)
     tokens_per_s = tokens / facts.step_time_s
-    fields: dict[str, Any] = {
-        "loss": result.loss,
-        "aux_loss": result.aux_loss,
-        "z_loss": result.z_loss,
-        "grad_norm": result.grad_norm,
-        "lr": facts.lr,
-        "tokens": tokens,
-        "tokens_per_s": tokens_per_s,
-        "tokens_per_s_per_device": tokens_per_s / figures.world_size,
-        "skipped_lines": facts.skipped_lines,
-        "skipped_steps": facts.skipped_steps,
-        "step_time_s": facts.step_time_s,
-        "wall_s": facts.wall_s,
-        "max_steps": figures.max_steps,
-        **facts.checkpoint,
-        **facts.resumed,
-    }
     lengths = [int(n) for pack in facts.packs for n in np.diff(pack.cu_seqlens)]
     utilisation = mfu(
         training_flops_per_token(figures.model_config, lengths), tokens_per_s / figures.world_size, figures.peak_flops
     )
-    if utilisation is not None:
-        fields["mfu"] = utilisation
-    if result.skipped:
-        fields["skipped"] = True
-    return fields
+    return StepRecord(
+        step=facts.step,
+        loss=result.loss,
+        aux_loss=result.aux_loss,
+        z_loss=result.z_loss,
+        grad_norm=result.grad_norm,
+        lr=facts.lr,
+        tokens=tokens,
+        tokens_per_s=tokens_per_s,
+        tokens_per_s_per_device=tokens_per_s / figures.world_size,
+        mfu=utilisation,
+        skipped=result.skipped,
+        skipped_lines=facts.skipped_lines,
+        skipped_steps=facts.skipped_steps,
+        step_time_s=facts.step_time_s,
+        wall_s=facts.wall_s,
+        max_steps=figures.max_steps,
+        checkpoint_stall_s=facts.checkpoint_stall_s,
+        resumed_from_step=None if resumed is None else resumed.from_step,
+        resumed_from=None if resumed is None else resumed.folder,
+        resumed_from_world_size=None if resumed is None else resumed.world_size,
+    )
 
 
 def _tokens(packs: list[Pack]) -> int:

@@ -1,8 +1,9 @@
 """One process's share of ``xtrain train``: set up, loop over optimizer steps, write the run directory.
 
-Set-up order (each step applied from outside the model): process group → model built on the meta device →
-expert parallelism (``parallel.ep_size`` > 1: the fsdp × ep mesh, experts split) → activation checkpointing and
-offload (optional) → data-parallel mesh → per-layer compile (optional) → FSDP2 →
+Set-up order (each step applied from outside the model): process group → the parallel layout, checked
+(``xtrain.parallel.layout``) → its device meshes → model built on the meta device → expert parallelism
+(``parallel.ep_size`` > 1: experts split) → activation checkpointing and offload (optional) → per-layer compile
+(optional) → FSDP2 →
 parameters allocated and initialised (or loaded from the Hugging Face folder) after sharding → optimizer and
 schedule → data (token cache built across ranks, packs).
 
@@ -18,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 from deeptrace.collect import Collector
@@ -32,6 +33,7 @@ from xtrain.errors import TrainingStoppedError
 from xtrain.model.flops import training_flops_per_token
 from xtrain.model.transformer import Transformer
 from xtrain.parallel.distributed import Distributed, barrier, close_distributed, init_distributed
+from xtrain.parallel.layout import ParallelLayout
 from xtrain.train.build import build_model, compute_dtype, loss_settings, pack_stream, resolve_model_config
 from xtrain.train.checkpoint.locate import ResumePoint
 from xtrain.train.checkpoint.parts import (
@@ -51,7 +53,7 @@ from xtrain.train.metrics import device_peak_flops, memory_figures
 from xtrain.train.optimizer import build_optimizer
 from xtrain.train.profiler import kineto_profiler
 from xtrain.train.progress import ProgressLine
-from xtrain.train.reporting import RunFigures, StepFacts, StepReporter
+from xtrain.train.reporting import Resumed, RunFigures, StepFacts, StepReporter
 from xtrain.train.schedule import build_scheduler
 from xtrain.train.step import GlobalBatch, MicroBatch, train_step
 
@@ -83,7 +85,7 @@ def train(
 
 def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed, resume: str) -> Transformer:
     world = dist_ctx.world_size
-    check_world_size(config, world, dist_ctx.local_world_size)
+    parallel_layout = check_world_size(config, world, dist_ctx.local_world_size)
     # Which checkpoint, checked against the model, before any file is written (a bad one overwrites nothing).
     decision = decide_on_all_ranks(resume, run_dir, resolve_model_config(config), dist_ctx.rank)
     writer = RunWriter(run_dir, dist_ctx.rank, world)
@@ -92,7 +94,9 @@ def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed, resume: st
         log.warning("%s", warning)
     collector = Collector(run_dir, dist_ctx.rank, world, trace=config.trace.enabled)
     try:
-        model = Trainer(config, run_dir, dist_ctx, writer, collector).run(resume_from=decision.point)
+        model = Trainer(config, run_dir, dist_ctx, writer, collector, parallel_layout=parallel_layout).run(
+            resume_from=decision.point
+        )
     except BaseException as error:
         collector.close("crashed", error=f"{type(error).__name__}: {error}")
         raise
@@ -111,13 +115,20 @@ class Trainer:
     them, the checkpointer asks them for their state, a resume loads it back into them."""
 
     def __init__(
-        self, config: TrainConfig, run_dir: Path, dist_ctx: Distributed, writer: RunWriter, collector: Collector
+        self,
+        config: TrainConfig,
+        run_dir: Path,
+        dist_ctx: Distributed,
+        writer: RunWriter,
+        collector: Collector,
+        *,
+        parallel_layout: ParallelLayout,
     ) -> None:
         self.started = time.perf_counter()
         self.config, self.run_dir, self.dist, self.writer, self.collector = config, run_dir, dist_ctx, writer, collector
         self.model_cfg = resolve_model_config(config)
         torch.manual_seed(config.train.seed)
-        self.model = build_model(config, self.model_cfg, dist_ctx, collector)
+        self.model = build_model(config, self.model_cfg, dist_ctx, parallel_layout, collector)
         self.dtype = compute_dtype(config, dist_ctx.device)
         self.settings = loss_settings(config, self.model_cfg, self.dtype, dist_ctx.device)
         optimizer = build_optimizer(self.model, config.optim, dist_ctx.device)
@@ -139,7 +150,7 @@ class Trainer:
         self.config_toml = to_toml(config)
         identity = RunIdentity(
             world_size=dist_ctx.world_size,
-            replicate=config.parallel.replicate,
+            replicate=parallel_layout.replicate,
             config_toml=self.config_toml,
             model_config=self.model_cfg.model_dump(mode="json"),
         )
@@ -164,7 +175,7 @@ class Trainer:
             reporter = StepReporter(self.writer, figures, progress)
             try:
                 for step in range(start_step + 1, max_steps + 1):
-                    facts = self._step(step, train_started, resumed if step == start_step + 1 else {})
+                    facts = self._step(step, train_started, resumed if step == start_step + 1 else None)
                     if profiler is not None:
                         profiler.step()
                     reporter.submit(facts)
@@ -175,7 +186,7 @@ class Trainer:
         log.info("trained steps %d to %d in %.1f s", start_step + 1, max_steps, time.perf_counter() - train_started)
         return self.model
 
-    def _step(self, step: int, train_started: float, resumed: dict[str, Any]) -> StepFacts:
+    def _step(self, step: int, train_started: float, resumed: Resumed | None) -> StepFacts:
         """One optimizer step, its checkpoint when one is due, and what was measured of it."""
         collector, world = self.collector, self.dist.world_size
         collector.step_begin(step)
@@ -200,10 +211,10 @@ class Trainer:
         self.scheduler.step()
         self.parts.counters.record_step(result.skipped)
         step_time = time.perf_counter() - step_started
-        checkpoint = {}
+        stall = None
         self.checkpointer.poll()
         if self.checkpointer.due(step, self.config.train.max_steps):
-            checkpoint["checkpoint_stall_s"] = self.checkpointer.save(step)
+            stall = self.checkpointer.save(step)
         collector.step_end(step)
         counters = self.parts.counters.counters
         return StepFacts(
@@ -219,7 +230,7 @@ class Trainer:
             skipped_lines=self.corpus.skipped_lines,
             skipped_steps=counters.skipped_steps,
             memory=memory_figures(self.dist.device),
-            checkpoint=checkpoint,
+            checkpoint_stall_s=stall,
             resumed=resumed,
         )
 
@@ -237,12 +248,12 @@ class Trainer:
                 f"finite (train.max_skipped_steps_in_a_row = {limit}); lower optim.lr or check the data"
             )
 
-    def _resume(self, point: ResumePoint | None) -> tuple[int, dict[str, Any]]:
+    def _resume(self, point: ResumePoint | None) -> tuple[int, Resumed | None]:
         """The step to start from, and what the first record says about where the run came from."""
         if point is None:
             # --resume auto over a run that never completed a checkpoint starts over, and says so.
             restarted = layout.metrics_path(self.run_dir).exists()
-            return 0, ({"resumed_from_step": 0, "resumed_from": None} if restarted else {})
+            return 0, (Resumed(from_step=0) if restarted else None)
         restore(point, self.parts)
         log.info(
             "resumed from %s at step %d (saved by %d processes, now %d)",
@@ -251,12 +262,7 @@ class Trainer:
             point.manifest.world_size,
             self.dist.world_size,
         )
-        resumed = {
-            "resumed_from_step": point.step,
-            "resumed_from": str(point.folder),
-            "resumed_from_world_size": point.manifest.world_size,
-        }
-        return point.step, resumed
+        return point.step, Resumed(point.step, str(point.folder), point.manifest.world_size)
 
     def _write_meta(self, start_step: int) -> None:
         config, dist_ctx = self.config, self.dist
