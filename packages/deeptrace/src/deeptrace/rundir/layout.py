@@ -197,17 +197,26 @@ def checkpoint_complete_marker(run_dir: Path | str, step: int) -> Path:
     return checkpoint_dir(run_dir, step) / CHECKPOINT_COMPLETE_MARKER
 
 
-def completed_checkpoint_steps(run_dir: Path | str) -> list[int]:
-    """Steps whose checkpoint carries its completion marker, ascending."""
+def checkpoint_step(folder: Path | str) -> int | None:
+    """N for a folder named ``step-N`` (a checkpoint's, or an HF export's), else None."""
+    match = _STEP_DIR.match(Path(folder).name)
+    return int(match.group(1)) if match else None
+
+
+def checkpoint_step_folders(run_dir: Path | str) -> list[tuple[int, Path]]:
+    """Every ``checkpoints/step-N`` folder of a run, complete or not, by ascending step."""
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return []
-    steps = []
-    for child in root.iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and (child / CHECKPOINT_COMPLETE_MARKER).is_file():
-            steps.append(int(match.group(1)))
-    return sorted(steps)
+    found = [(step, child) for child in root.iterdir() if (step := checkpoint_step(child)) is not None]
+    return sorted(found)
+
+
+def completed_checkpoint_steps(run_dir: Path | str) -> list[int]:
+    """Steps whose checkpoint carries its completion marker, ascending."""
+    return [
+        step for step, folder in checkpoint_step_folders(run_dir) if (folder / CHECKPOINT_COMPLETE_MARKER).is_file()
+    ]
 
 
 def logs_dir(run_dir: Path | str) -> Path:
@@ -220,6 +229,11 @@ def log_path(run_dir: Path | str, rank: int) -> Path:
 
 def hf_dir(run_dir: Path | str) -> Path:
     return Path(run_dir) / HF_DIR
+
+
+def hf_export_dir(run_dir: Path | str, step: int) -> Path:
+    """RUN_DIR/hf/step-N: the Hugging Face folder exported from step N's checkpoint."""
+    return hf_dir(run_dir) / f"step-{step}"
 
 
 def report_dir(run_dir: Path | str) -> Path:

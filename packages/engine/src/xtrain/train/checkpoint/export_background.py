@@ -30,7 +30,7 @@ class BackgroundExports:
 
     def start(self, checkpoint: Path, step: int) -> None:
         self.wait_all()
-        target = layout.hf_dir(self.run_dir) / f"step-{step}"
+        target = layout.hf_export_dir(self.run_dir, step)
         log_path = layout.logs_dir(self.run_dir) / f"hf-export-step-{step}.log"
         env = {key: value for key, value in os.environ.items() if key not in _JOB_VARIABLES}
         env["OMP_NUM_THREADS"] = "1"  # beside the ranks, not against them

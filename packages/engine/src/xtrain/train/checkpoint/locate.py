@@ -7,7 +7,6 @@ interrupted). A path that is not a checkpoint, or an incomplete one, is a user e
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,6 @@ from xtrain.train.checkpoint.manifest import MARKER, Manifest, ManifestError, re
 
 DCP_METADATA = ".metadata"
 """Written by DCP's coordinator once every rank's files are written."""
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 Warn = Callable[[str], None]
 
@@ -34,15 +32,6 @@ class ResumePoint:
         return self.manifest.step
 
 
-def step_folders(run_dir: Path) -> list[tuple[int, Path]]:
-    """Every ``checkpoints/step-N`` folder of a run, complete or not, by ascending step."""
-    root = layout.checkpoints_dir(run_dir)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), child) for child in root.iterdir() if (m := _STEP_DIR.match(child.name))]
-    return sorted(found)
-
-
 def is_complete(folder: Path) -> bool:
     return (folder / MARKER).is_file()
 
@@ -50,7 +39,7 @@ def is_complete(folder: Path) -> bool:
 def newest_complete(run_dir: Path, warn: Warn) -> ResumePoint | None:
     """The newest checkpoint of ``run_dir`` with a readable marker; newer folders without one are skipped with a
     warning (None when there is no complete checkpoint)."""
-    for _step, folder in reversed(step_folders(run_dir)):
+    for _step, folder in reversed(layout.checkpoint_step_folders(run_dir)):
         if not is_complete(folder):
             warn(f"skipping {folder}: incomplete checkpoint (its save was interrupted before the {MARKER} marker)")
             continue
@@ -77,7 +66,8 @@ def open_checkpoint(path: Path, warn: Warn) -> ResumePoint:
     if not is_complete(path):
         if (path / DCP_METADATA).exists() or any(path.glob("*.distcp")):
             run_dir = path.parent.parent
-            newest = newest_complete(run_dir, lambda message: None) if _STEP_DIR.match(path.name) else None
+            in_a_run = layout.checkpoint_step(path) is not None
+            newest = newest_complete(run_dir, lambda message: None) if in_a_run else None
             hint = f"; the newest complete one there is {newest.folder}" if newest else ""
             raise CheckpointError(
                 f"{path} is an incomplete checkpoint (no {MARKER} marker: its save was interrupted){hint}"

@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, asy
 from xtrain import __version__
 from xtrain.config import CheckpointSection
 from xtrain.train.checkpoint.export_background import BackgroundExports
-from xtrain.train.checkpoint.locate import is_complete, step_folders
+from xtrain.train.checkpoint.locate import is_complete
 from xtrain.train.checkpoint.manifest import CONFIG_FILE, MARKER, Manifest, write_manifest
 from xtrain.train.checkpoint.parts import Checkpointed
 from xtrain.train.checkpoint.storage import CheckpointWriter
@@ -151,7 +151,7 @@ class Checkpointer:
     def _prune(self, newest: int) -> None:
         """Keep the newest ``keep`` complete checkpoints; remove older ones and interrupted saves older than the
         newest (no save is in flight here). The marker goes first, so a half-deleted folder is never complete."""
-        folders = step_folders(self.run_dir)
+        folders = layout.checkpoint_step_folders(self.run_dir)
         complete = [step for step, folder in folders if is_complete(folder)]
         kept = set(complete[-self.settings.keep :]) if self.settings.keep else set(complete)
         for step, folder in folders:
@@ -168,7 +168,7 @@ class Checkpointer:
 def discard_later_checkpoints(run_dir: Path, step: int, warn: Any) -> None:
     """Rank 0, before a run resumed at ``step`` writes anything: folders of later steps are left over from the
     interrupted attempt (or belong to the history this run replaces), and would be mistaken for its own."""
-    for later, folder in step_folders(run_dir):
+    for later, folder in layout.checkpoint_step_folders(run_dir):
         if later > step:
             state = "complete" if is_complete(folder) else "incomplete"
             warn(f"removing {folder} ({state}, later than step {step}, where this run resumes)")

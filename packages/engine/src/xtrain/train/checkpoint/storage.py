@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from deeptrace.rundir import layout
 
 # The state-dict copy helpers DCP's own stagers use (private, present from torch 2.4 to 2.14).
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
@@ -57,4 +58,4 @@ class CheckpointWriter(FileSystemWriter):
 
 def _test_pause(folder: Path) -> float:
     step, _, seconds = os.environ.get(PAUSE_ENV, "").partition(":")
-    return float(seconds) if step and folder.name == f"step-{step}" else 0.0
+    return float(seconds) if step.isdigit() and layout.checkpoint_step(folder) == int(step) else 0.0
