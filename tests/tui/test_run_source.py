@@ -5,7 +5,7 @@ from pathlib import Path
 
 import orjson
 from deeptrace.collect import Collector
-from deeptrace.rundir import RunWriter, layout
+from deeptrace.rundir import RankStepRecord, RunWriter, layout
 from xtop.logs import LogTail
 from xtop.run_source import RunSource
 from xtop.series import DecimatedSeries
@@ -25,7 +25,7 @@ def test_metrics_are_followed_as_they_grow_and_the_eta_comes_from_the_step_rate(
     writer.close()
     snap = source.poll()
     assert (snap.steps_seen, snap.step) == (4, 4)
-    assert snap.last["loss"] == 1.5
+    assert snap.last is not None and snap.last.loss == 1.5
     assert snap.eta_s is not None and snap.eta_s >= 0
     assert [r.rank for r in snap.ranks] == [0, 1]
     assert snap.ranks[0].mem_peak_bytes == 3 << 30
@@ -45,7 +45,7 @@ def test_a_copy_of_the_snapshot_stays_as_it_was_through_later_polls(tmp_path: Pa
     snap = source.poll()  # the corrupt line is named by the poll after the one that read the step before it
     assert (snap.step, len(snap.loss.points()[1]), len(snap.problems)) == (4, 4, 1)
     assert (shown.step, shown.loss.points()[1], shown.problems) == (3, [6.0, 3.0, 2.0], [])
-    assert shown.tokens_per_s.count == shown.grad_norm.count == 3 and shown.last["step"] == 3
+    assert shown.tokens_per_s.count == shown.grad_norm.count == 3 and shown.step == 3
 
 
 def test_a_half_written_line_waits_and_a_corrupt_one_is_named(tmp_path: Path) -> None:
@@ -58,7 +58,8 @@ def test_a_half_written_line_waits_and_a_corrupt_one_is_named(tmp_path: Path) ->
     assert (snap.steps_seen, snap.problems) == (1, [])
     with metrics.open("ab") as handle:
         handle.write(b'ss": 2.5}\nnot json\n')
-    assert source.poll().last == {"step": 2, "loss": 2.5}
+    last = source.poll().last
+    assert last is not None and (last.step, last.loss) == (2, 2.5)
     problems = source.poll().problems
     assert len(problems) == 1 and f"{metrics}:3" in problems[0]
 
@@ -135,7 +136,9 @@ def test_log_tail_reads_only_new_complete_lines(tmp_path: Path) -> None:
 
 def test_writer_and_reader_agree_on_memory_fields(tmp_path: Path) -> None:
     with RunWriter(tmp_path / "run", rank=1, world_size=2) as writer:
-        writer.append_rank_record(5, step_time_s=0.25, mem_allocated_bytes=123, mem_peak_bytes=456)
+        writer.append_rank_step(
+            RankStepRecord(step=5, rank=1, step_time_s=0.25, mem_allocated_bytes=123, mem_peak_bytes=456)
+        )
     ranks = RunSource(tmp_path / "run").poll().ranks
     assert [(r.rank, r.step, r.mem_allocated_bytes, r.mem_peak_bytes, r.step_time_s) for r in ranks] == [
         (1, 5, 123, 456, 0.25)

@@ -11,11 +11,22 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from deeptrace.errors import TraceInputError
 from deeptrace.report.model import Report, ReportError, load_report
-from deeptrace.rundir import JsonlFollower, RunMeta, layout, rank_position, read_heartbeats, read_meta
+from deeptrace.rundir import (
+    RankStepRecord,
+    RecordFollower,
+    RunMeta,
+    StepRecord,
+    follow_metrics,
+    follow_rank_records,
+    layout,
+    rank_position,
+    rank_records_files,
+    read_heartbeats,
+    read_meta,
+)
 
 from xtop.series import DecimatedSeries
 
@@ -43,7 +54,7 @@ class RunSnapshot:
     run_dir: Path
     exists: bool = False
     meta: RunMeta | None = None
-    last: dict[str, Any] = field(default_factory=dict)  # the newest metrics record
+    last: StepRecord | None = None  # the newest metrics record
     steps_seen: int = 0
     max_steps: int | None = None
     eta_s: float | None = None
@@ -58,14 +69,14 @@ class RunSnapshot:
 
     @property
     def step(self) -> int | None:
-        value = self.last.get("step")
-        return value if isinstance(value, int) else None
+        return None if self.last is None else self.last.step
 
     def copy(self) -> RunSnapshot:
         """A copy that the next poll leaves alone: the series grow in place and the lists are refilled, so those
-        are copied; everything else a poll replaces rather than changes (records, rank statuses, meta, report)."""
+        are copied; everything else a poll replaces rather than changes (records, which are frozen, rank statuses,
+        meta, report)."""
         return replace(
-            self, last=dict(self.last), loss=self.loss.copy(), tokens_per_s=self.tokens_per_s.copy(),
+            self, loss=self.loss.copy(), tokens_per_s=self.tokens_per_s.copy(),
             grad_norm=self.grad_norm.copy(), ranks=list(self.ranks), problems=list(self.problems),
             notes=list(self.notes),
         )  # fmt: skip
@@ -79,9 +90,9 @@ class RunSource:
         self.run_dir = Path(run_dir)
         self.stale_after_s = stale_after_s
         self.snapshot = RunSnapshot(self.run_dir)
-        self._metrics = JsonlFollower(layout.metrics_path(self.run_dir))
-        self._rank_followers: dict[int, JsonlFollower] = {}
-        self._rank_last: dict[int, dict[str, Any]] = {}
+        self._metrics = follow_metrics(self.run_dir)
+        self._rank_followers: dict[int, RecordFollower[RankStepRecord]] = {}
+        self._rank_last: dict[int, RankStepRecord] = {}
         self._recent: list[tuple[int, float]] = []  # (step, time_unix_s) of the newest records, for the ETA
         self._report_stamp: tuple[int, int] | None = None
 
@@ -116,21 +127,17 @@ class RunSource:
         if snap.steps_seen == 0:
             snap.notes.append(f"{layout.metrics_path(self.run_dir)}: no metrics yet")
 
-    def _take_metrics(self, snap: RunSnapshot, record: dict[str, Any]) -> None:
+    def _take_metrics(self, snap: RunSnapshot, record: StepRecord) -> None:
         snap.steps_seen += 1
         snap.last = record
-        step = record.get("step")
-        x = float(step) if isinstance(step, int | float) else float(snap.steps_seen)
-        snap.loss.append(x, _number(record.get("loss")))
-        snap.tokens_per_s.append(x, _number(record.get("tokens_per_s")))
-        snap.grad_norm.append(x, _number(record.get("grad_norm")))
-        max_steps = record.get("max_steps")
-        if isinstance(max_steps, int):
-            snap.max_steps = max_steps
-        stamp = _number(record.get("time_unix_s"))
-        if isinstance(step, int) and stamp is not None:
-            self._recent.append((step, stamp))
-            del self._recent[:-RATE_WINDOW]
+        x = float(record.step)
+        snap.loss.append(x, record.loss)
+        snap.tokens_per_s.append(x, record.tokens_per_s)
+        snap.grad_norm.append(x, record.grad_norm)
+        if record.max_steps is not None:
+            snap.max_steps = record.max_steps
+        self._recent.append((record.step, record.time_unix_s))
+        del self._recent[:-RATE_WINDOW]
         snap.eta_s = self._eta(snap)
 
     def _eta(self, snap: RunSnapshot) -> float | None:
@@ -144,12 +151,9 @@ class RunSource:
 
     # -- ranks/ and heartbeat/ ----------------------------------------------------------------------------------
     def _follow_ranks(self, snap: RunSnapshot, now: float) -> None:
-        folder = layout.ranks_dir(self.run_dir)
-        if folder.is_dir():
-            for path in folder.glob("rank-*.jsonl"):
-                rank = layout.rank_of_file(path)
-                if rank is not None and rank not in self._rank_followers:
-                    self._rank_followers[rank] = JsonlFollower(path)
+        for rank, path in rank_records_files(self.run_dir).items():
+            if rank not in self._rank_followers:
+                self._rank_followers[rank] = follow_rank_records(path)
         for rank, follower in self._rank_followers.items():
             try:
                 records = follower.poll()
@@ -166,11 +170,10 @@ class RunSource:
         statuses = []
         for rank in ranks:
             status = RankStatus(rank)
-            record = self._rank_last.get(rank, {})
-            status.mem_allocated_bytes = _int(record.get("mem_allocated_bytes"))
-            status.mem_peak_bytes = _int(record.get("mem_peak_bytes"))
-            status.step_time_s = _number(record.get("step_time_s"))
-            status.step = _int(record.get("step"))
+            record = self._rank_last.get(rank)
+            if record is not None:
+                status.mem_allocated_bytes, status.mem_peak_bytes = record.mem_allocated_bytes, record.mem_peak_bytes
+                status.step_time_s, status.step = record.step_time_s, record.step
             beat = heartbeats.get(rank)
             if beat is not None:
                 status.state, status.host, status.step = beat.state, beat.host, beat.step
@@ -183,7 +186,7 @@ class RunSource:
 
     # -- deeptrace/report.json ----------------------------------------------------------------------------------
     def _read_report(self, snap: RunSnapshot) -> None:
-        path = self.run_dir / layout.REPORT_DIR / "report.json"
+        path = layout.report_path(self.run_dir)
         try:
             stat = path.stat()
         except FileNotFoundError:
@@ -201,13 +204,3 @@ class RunSource:
     def reload_report(self) -> None:
         """Forget report.json's stamp: the next poll reads it again (after an analysis rewrote it)."""
         self._report_stamp = None
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

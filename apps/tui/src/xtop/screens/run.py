@@ -105,14 +105,14 @@ def _stats(snap: RunSnapshot) -> Text:
             text.append(f" ({100 * step / snap.max_steps:.0f}%)")
     text.append("  ETA ")
     text.append(duration(snap.eta_s) if step != snap.max_steps else "done", style="bold")
-    mfu = last.get("mfu")
+    mfu, lr = (None, None) if last is None else (last.mfu, last.lr)
     fields = (
-        ("loss", number(last.get("loss"))),
-        ("tok/s", number(last.get("tokens_per_s"))),
-        ("grad", number(last.get("grad_norm"))),
-        ("lr", f"{last['lr']:.2e}" if isinstance(last.get("lr"), float) else "-"),
-        ("MFU", f"{100 * mfu:.1f}%" if isinstance(mfu, float) else "n/a"),
-        ("skipped", str(last.get("skipped_steps", 0))),
+        ("loss", number(None if last is None else last.loss)),
+        ("tok/s", number(None if last is None else last.tokens_per_s)),
+        ("grad", number(None if last is None else last.grad_norm)),
+        ("lr", "-" if lr is None else f"{lr:.2e}"),
+        ("MFU", "n/a" if mfu is None else f"{100 * mfu:.1f}%"),
+        ("skipped", str(0 if last is None or last.skipped_steps is None else last.skipped_steps)),
     )
     for name, value in fields:
         text.append(f"  {name} ")
