@@ -1,5 +1,6 @@
-"""The trace screen: deeptrace's report of the current run (overlap and exposed communication per rank,
-stragglers with their evidence, a hang with where each rank sits), and `a` to analyse in the background."""
+"""The trace screen: deeptrace's report of the current run (overlap and exposed communication per rank, exposed
+time per kind and purpose of collective, stragglers with their evidence, a hang with where each rank sits), and `a`
+to analyse in the background."""
 
 from __future__ import annotations
 
@@ -83,6 +84,7 @@ class TraceScreen(XtopScreen):
 def render_report(report: Report) -> RenderableType:
     parts: list[RenderableType] = [Text(f" created {report.created} by deeptrace {report.deeptrace_version}", "dim")]
     parts.append(_ranks_table(report))
+    parts += _kinds_tables(report)
     parts += _straggler_lines(report)
     parts += _hang_parts(report)
     if report.flight_recorder is not None:
@@ -112,6 +114,29 @@ def _ranks_table(report: Report) -> Table:
             entry.timing,
         )
     return table
+
+
+def _kinds_tables(report: Report) -> list[RenderableType]:
+    """Exposed communication per kind, then per purpose, of collective: the mean over ranks and the worst rank."""
+    tables: list[RenderableType] = []
+    for purposes, title in ((False, "kind"), (True, "purpose")):
+        rows = report.kinds_across_ranks(purposes)
+        if not rows:
+            continue
+        table = Table(box=None, header_style="bold", title=f"exposed per {title} of collective (mean per step)",
+                      title_justify="left", pad_edge=False)  # fmt: skip
+        for name in (title, "exposed", "of step", "most exposed"):
+            table.add_column(name, justify="left" if name == title else "right", no_wrap=True)
+        for row in rows:
+            exposed, share, worst = row.exposed_ms_per_step, row.exposed_pct_of_step, row.worst_exposed_ms_per_step
+            table.add_row(
+                row.kind,
+                "n/a" if exposed is None else f"{exposed:.2f} ms",
+                "n/a" if share is None else f"{share:.1f}%",
+                "-" if worst is None else f"{worst:.2f} ms (rank {row.worst_rank})",
+            )
+        tables += [Text(""), table]
+    return tables
 
 
 def _straggler_lines(report: Report) -> list[RenderableType]:

@@ -20,6 +20,10 @@ def _us(value: float | None) -> str:
     return "—" if value is None else f"{value:,.0f}"
 
 
+def _signed(value: float | None) -> str:
+    return "—" if value is None else f"{value:+,.0f}"
+
+
 def _bytes(value: int | None) -> str:
     return "—" if value is None else f"{value / 2**20:,.1f} MiB"
 
@@ -59,8 +63,8 @@ _RANK_COLUMNS = ("rank", "A step", "B step", "delta step", "A exposed", "B expos
 
 
 def _rank_cells(report: DiffReport) -> list[list[str]]:
-    return [[str(r.rank), _us(r.a_step_us), _us(r.b_step_us), _us(r.delta_step_us), _us(r.a_exposed_us),
-             _us(r.b_exposed_us), _us(r.delta_exposed_us)] for r in report.ranks]  # fmt: skip
+    return [[str(r.rank), _us(r.a_step_us), _us(r.b_step_us), _signed(r.delta_step_us), _us(r.a_exposed_us),
+             _us(r.b_exposed_us), _signed(r.delta_exposed_us)] for r in report.ranks]  # fmt: skip
 
 
 def _sections(report: DiffReport) -> list[tuple[str, tuple[str, ...], list[list[str]]]]:
@@ -120,15 +124,22 @@ def write_png(report: DiffReport, path: Path) -> None:
     changes = [(f"op {_short(r.name, 50)}", r.delta_us) for r in report.ops]
     changes += [(f"span {_short(r.name, 50)}", r.delta_us) for r in report.spans]
     changes += [(f"exposed {k}", r.delta_exposed_us) for k, r in report.collectives.items()]
-    changes = sorted(changes, key=lambda c: -abs(c[1]))[:CHART_ROWS]
+    changes = sorted((c for c in changes if c[1] != 0), key=lambda c: -abs(c[1]))[:CHART_ROWS]
     fig, ax = plt.subplots(figsize=(11, max(3.0, 0.4 * len(changes) + 1.5)), constrained_layout=True)
     labels = [c[0] for c in changes]
     values = [c[1] / 1e3 for c in changes]
-    ax.barh(labels, values, color=["#DD5555" if v > 0 else "#4C72B0" for v in values])
+    bars = ax.barh(labels, values, color=["#DD5555" if v > 0 else "#4C72B0" for v in values])
+    ax.bar_label(bars, labels=[f"{v:+,.2f} ms" for v in values], padding=3, fontsize=9)
+    ax.margins(x=0.25)  # room for the labels at the bars' ends
     ax.axvline(0, color="black", linewidth=0.8)
     ax.invert_yaxis()
-    ax.set_xlabel("B − A, ms (red: slower in B)")
-    ax.set_title(f"Largest changes, step {report.step}")
+    if not changes:
+        ax.text(0.5, 0.5, "no op, span or exposed time changed", ha="center", va="center", transform=ax.transAxes)
+        ax.set_yticks([])
+    ax.set_xlabel("B − A, ms (red: slower in B, blue: faster)")
+    steps = "first profiler step" if report.step == "first" else f"step {report.step}"
+    names = f"{Path(report.a.path).name} → {Path(report.b.path).name}"  # whole paths are in diff.md
+    ax.set_title(f"Largest changes, {names} ({steps}, rank {report.a.rank})", fontsize=10)
     fig.savefig(path, dpi=100)
     plt.close(fig)
 

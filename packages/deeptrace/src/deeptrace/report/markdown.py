@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from deeptrace.report.model import Hang, Report
+from deeptrace.report.terminal import KIND_COLUMNS, kind_cells
+
+MAX_KIND_RANKS = 32  # per-rank rows of the kinds table up to this many ranks; report.json has them all
 
 
 def _f(value: float | None, suffix: str = "") -> str:
@@ -54,6 +57,7 @@ def render_markdown(report: Report, png_name: str | None = None) -> str:
                 f" {_f(s.compute_ms)} | {_f(s.exposed_comm_ms)} | {_f(s.memory_ms)} | {_f(s.idle_ms)} |"
                 f" {_f(s.overlap_pct, '%')} |"
             )
+    lines += _kinds(report)
     coll = report.collectives
     lines += ["", "## Collectives and stragglers", ""]
     if coll.matched:
@@ -85,6 +89,30 @@ def render_markdown(report: Report, png_name: str | None = None) -> str:
     lines += ["## Warnings", ""]
     lines += [f"- {w}" for w in report.warnings] or ["None."]
     return "\n".join(lines) + "\n"
+
+
+def _kinds(report: Report) -> list[str]:
+    """Exposed communication per kind and per purpose of collective: over the ranks, then rank by rank."""
+    lines = []
+    for purposes, title in ((False, "kind"), (True, "purpose")):
+        rows = report.kinds_across_ranks(purposes)
+        if not rows:
+            continue
+        lines += ["", f"## Exposed communication per {title} of collective (mean over ranks, per step)", ""]
+        lines += ["| " + " | ".join((title, *KIND_COLUMNS)) + " |", "|---|" + "---:|" * len(KIND_COLUMNS)]
+        lines += ["| " + " | ".join(kind_cells(row)) + " |" for row in rows]
+        ranks = report.ranks_sorted()
+        if len(ranks) > MAX_KIND_RANKS:
+            lines += ["", f"Per rank: report.json's `collective_{title}s` ({len(ranks)} ranks)."]
+            continue
+        lines += ["", f"| rank | {title} | count | bytes | total (ms) | exposed (ms) | exposed / step (ms) | of step |",
+                  "|---:|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for rank, r in ranks:
+            for kind, k in (r.collective_purposes if purposes else r.collective_kinds).items():
+                size = "—" if k.bytes is None else f"{k.bytes / 2**20:,.1f} MiB"
+                lines.append(f"| {rank} | {kind} | {k.count} | {size} | {_f(k.total_ms)} | {_f(k.exposed_ms)} |"
+                             f" {_f(k.exposed_ms_per_step)} | {_f(k.exposed_pct_of_step, '%')} |")  # fmt: skip
+    return lines
 
 
 def _hang(hang: Hang | None) -> list[str]:

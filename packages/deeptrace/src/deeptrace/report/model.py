@@ -9,6 +9,7 @@ docs/deeptrace.md ("report.json").
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -70,6 +71,22 @@ class KindExposure(_Model):
     exposed_ms: float
     exposed_ms_per_step: float | None
     exposed_pct_of_step: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class KindAcrossRanks:
+    """One kind (or purpose) of collective over every rank that has it: what the reports show in one row.
+
+    Means are over those ranks; the per-step figures over the ranks with complete steps."""
+
+    kind: str
+    ranks: int
+    count: float  # per rank
+    bytes: float | None  # per rank; None where no rank's input gives sizes
+    exposed_ms_per_step: float | None
+    exposed_pct_of_step: float | None
+    worst_rank: int | None  # the rank with the most exposed time per step
+    worst_exposed_ms_per_step: float | None
 
 
 class RankReport(_Model):
@@ -283,10 +300,38 @@ class Report(_Model):
     def ranks_sorted(self) -> list[tuple[int, RankReport]]:
         return sorted(((int(rank), entry) for rank, entry in self.ranks.items()), key=lambda item: item[0])
 
+    def kinds_across_ranks(self, purposes: bool = False) -> list[KindAcrossRanks]:
+        """Per kind (all_gather, ...) or, with `purposes`, per purpose (fsdp_param_gather, ...) of collective:
+        the ranks' figures in one row each, in the order the analysis gives them."""
+        per_kind: dict[str, list[tuple[int, KindExposure]]] = {}
+        for rank, entry in self.ranks_sorted():
+            for kind, figures in (entry.collective_purposes if purposes else entry.collective_kinds).items():
+                per_kind.setdefault(kind, []).append((rank, figures))
+        return [_across(kind, rows) for kind, rows in per_kind.items()]
+
     def to_json(self) -> dict[str, Any]:
         """The exact report.json object."""
         data: dict[str, Any] = self.model_dump(mode="json", by_alias=True)
         return data
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _across(kind: str, rows: list[tuple[int, KindExposure]]) -> KindAcrossRanks:
+    stepped = [(rank, f.exposed_ms_per_step) for rank, f in rows if f.exposed_ms_per_step is not None]
+    worst = max(stepped, key=lambda item: item[1]) if stepped else None
+    return KindAcrossRanks(
+        kind=kind,
+        ranks=len(rows),
+        count=sum(f.count for _, f in rows) / len(rows),
+        bytes=_mean([float(f.bytes) for _, f in rows if f.bytes is not None]),
+        exposed_ms_per_step=_mean([ms for _, ms in stepped]),
+        exposed_pct_of_step=_mean([f.exposed_pct_of_step for _, f in rows if f.exposed_pct_of_step is not None]),
+        worst_rank=None if worst is None else worst[0],
+        worst_exposed_ms_per_step=None if worst is None else worst[1],
+    )
 
 
 class ReportError(ValueError):

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from deeptrace.report.model import RankReport, Report
+from deeptrace.report.model import KindAcrossRanks, RankReport, Report
 
 MAX_STEPS_PER_RANK = 20
 MAX_ARRIVAL_ROWS = 32
@@ -58,7 +58,40 @@ def render_terminal(report: Report, console: Console) -> None:
         console.print(f"Per-step figures of {len(ranks)} ranks: in report.json and report.md.")
     else:
         _steps_table(ranks, console)
+    _kinds(report, console)
     _collectives(report, console)
+
+
+def kind_cells(row: KindAcrossRanks) -> list[str]:
+    """A kind's row, shared by the terminal and Markdown reports (see KIND_COLUMNS)."""
+    worst = "—" if row.worst_rank is None else f"{_ms(row.worst_exposed_ms_per_step)} (rank {row.worst_rank})"
+    return [
+        row.kind,
+        str(row.ranks),
+        f"{row.count:,.1f}",
+        "—" if row.bytes is None else f"{row.bytes / 2**20:,.1f} MiB",
+        _ms(row.exposed_ms_per_step),
+        _pct(row.exposed_pct_of_step),
+        worst,
+    ]
+
+
+KIND_COLUMNS = ("ranks", "count/rank", "bytes/rank", "exposed ms/step", "of step", "most exposed (rank)")
+
+
+def _kinds(report: Report, console: Console) -> None:
+    """Exposed communication per kind and per purpose of collective, averaged over the ranks."""
+    for purposes, title in ((False, "kind"), (True, "purpose")):
+        rows = report.kinds_across_ranks(purposes)
+        if not rows:
+            continue
+        table = Table(title=f"Exposed communication per {title} of collective (mean over ranks, per step)",
+                      title_justify="left")  # fmt: skip
+        for header in (title, *KIND_COLUMNS):
+            table.add_column(header, justify="left" if header == title else "right")
+        for row in rows:
+            table.add_row(*kind_cells(row))
+        console.print(table)
 
 
 def _steps_table(ranks: list[tuple[int, RankReport]], console: Console) -> None:
