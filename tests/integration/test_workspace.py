@@ -17,9 +17,10 @@ PACKAGES = {
     "xtop": REPO_ROOT / "apps/tui",
 }
 # What each package may import among the four (docs/architecture.md, "Dependency rule").
+# clusterx is the base: it imports none of the others, and its record, states and atomic write serve them all.
 ALLOWED = {
-    "xtrain": {"xtrain", "deeptrace"},
-    "deeptrace": {"deeptrace"},
+    "xtrain": {"xtrain", "deeptrace", "clusterx"},
+    "deeptrace": {"deeptrace", "clusterx"},
     "clusterx": {"clusterx"},
     "xtop": {"xtop", "clusterx", "deeptrace"},
 }

@@ -6,7 +6,6 @@ exactly as it would find a Slurm job's state.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
@@ -15,6 +14,7 @@ from typing import Any
 
 from clusterx.backends.base import BackendStatus, SubmitRequest
 from clusterx.errors import SpecError
+from clusterx.fileio import write_atomically
 from clusterx.spec import JobSpec
 from clusterx.states import JobState
 
@@ -73,7 +73,4 @@ class FakeBackend:
 
 def write_fake_state(state_dir: Path, backend_job_id: str, data: Mapping[str, Any]) -> None:
     """Set what the fake cluster reports for a job (atomically, as a real scheduler's answer is whole)."""
-    path = state_dir / f"{backend_job_id}.json"
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(dict(data)))
-    tmp.replace(path)
+    write_atomically(state_dir / f"{backend_job_id}.json", json.dumps(dict(data)))

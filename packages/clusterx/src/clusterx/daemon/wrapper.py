@@ -19,16 +19,20 @@ EXIT_FILE = "exit.json"
 PID_FILE = "wrapper.json"
 
 
-def write_atomically(path: Path, data: dict[str, object]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
+# Run in isolated mode (no PYTHONPATH): clusterx is imported from the folder this file lives in, the very copy the
+# daemon runs, whether it is installed or not. clusterx.fileio is stdlib only, as this process must stay.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from clusterx.fileio import write_atomically  # noqa: E402
+
+
+def write_json(path: Path, data: dict[str, object]) -> None:
+    write_atomically(path, json.dumps(data))
 
 
 def main(argv: list[str]) -> int:
     attempt_dir = Path(argv[0])
     command = argv[2:] if argv[1:2] == ["--"] else argv[1:]
-    write_atomically(attempt_dir / PID_FILE, {"pid": os.getpid(), "pgid": os.getpgid(0), "started": time.time()})
+    write_json(attempt_dir / PID_FILE, {"pid": os.getpid(), "pgid": os.getpgid(0), "started": time.time()})
     # The group's SIGTERM is for the job; the wrapper outlives it to write the exit status. A handler (not
     # SIG_IGN, which exec would pass on) so that the job itself keeps the default action.
     signal.signal(signal.SIGTERM, _note_signal)
@@ -37,11 +41,11 @@ def main(argv: list[str]) -> int:
         child = subprocess.Popen(command)
     except OSError as exc:
         reason = f"cannot run {command[0]!r}: {exc.strerror}"
-        write_atomically(attempt_dir / EXIT_FILE, {"returncode": 127, "reason": reason, "ended": time.time()})
+        write_json(attempt_dir / EXIT_FILE, {"returncode": 127, "reason": reason, "ended": time.time()})
         print(f"clusterx: {reason}", file=sys.stderr)
         return 127
     returncode = child.wait()
-    write_atomically(attempt_dir / EXIT_FILE, {"returncode": returncode, "ended": time.time()})
+    write_json(attempt_dir / EXIT_FILE, {"returncode": returncode, "ended": time.time()})
     return returncode if returncode >= 0 else 128 - returncode
 
 

@@ -234,7 +234,9 @@ class HeartbeatWriter:
         with self._lock:
             self._last_write_ns = now = time.monotonic_ns()
             heartbeat = self.state.snapshot(self.clock, now)
-            write_atomically(self.path, dumps(heartbeat.to_dict(), indent=True))
+            # No fsync: rewritten every few seconds, sometimes from the training thread, and a heartbeat lost to a
+            # power cut matters no more than the run it described.
+            write_atomically(self.path, dumps(heartbeat.to_dict(), indent=True), fsync=False)
 
     def wake(self) -> None:
         """Ask the thread to write soon (cheap: the training thread does not wait for the disk)."""

@@ -1,14 +1,17 @@
-"""Small JSON file helpers shared by the writer and the readers: atomic rewrite, strict read."""
+"""Small JSON file helpers shared by the writer and the readers: atomic rewrite (the workspace's one, from
+clusterx.fileio, re-exported for deeptrace's writers), strict read."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import orjson
+from clusterx.fileio import write_atomically
 
 from deeptrace.errors import TraceInputError
+
+__all__ = ["check_format_version", "dumps", "read_json_object", "write_atomically"]
 
 # NaN and infinities become null (orjson's behaviour): JSON has no spelling for them.
 _DUMP_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
@@ -16,18 +19,6 @@ _DUMP_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 def dumps(obj: Any, *, indent: bool = False) -> bytes:
     return orjson.dumps(obj, option=_DUMP_OPTIONS | (orjson.OPT_INDENT_2 if indent else 0))
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so a concurrent reader sees the old or the new file, never a mix.
-
-    The temporary file sits in the same folder (os.replace is atomic only within one file system) and carries the
-    pid so that several processes never share one.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as out:
-        out.write(data)
-    tmp.replace(path)
 
 
 def read_json_object(path: Path) -> dict[str, Any]:

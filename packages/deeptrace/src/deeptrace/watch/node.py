@@ -114,7 +114,8 @@ def serve(run_dir: Path, *, poll_s: float = 0.2, stop: Callable[[], bool] | None
     try:
         while stop is None or not stop():
             if time.monotonic() - announced > ANNOUNCE_EVERY_S:
-                write_atomically(me, dumps({"host": host, "pid": os.getpid(), "wall_s": time.time()}))
+                # Rewritten every few seconds, only ever read live: no fsync.
+                write_atomically(me, dumps({"host": host, "pid": os.getpid(), "wall_s": time.time()}), fsync=False)
                 announced = time.monotonic()
             for path in sorted(requests.glob(f"*.{host}.json")):
                 _answer(run_dir, path, host, say)

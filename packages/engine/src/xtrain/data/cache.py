@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+from clusterx.fileio import write_atomically
 
 from xtrain.data.chat_template import RenderedChat
 from xtrain.data.config import DataSource
@@ -87,7 +88,8 @@ def file_digest(path: Path, cache_root: Path) -> str:
         while chunk := stream.read(1 << 22):
             digest.update(chunk)
     record = {"path": str(path), "stamp": stamp, "hashed_at_ns": hashed_at_ns, "digest": digest.hexdigest()}
-    _write_text_atomically(memo, json.dumps(record))
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(memo, json.dumps(record))
     return digest.hexdigest()
 
 
@@ -143,7 +145,7 @@ def build_part(entry: CachedFile, part: int, encoder: DocumentEncoder, on_bytes:
     entry.folder.mkdir(parents=True, exist_ok=True)
     if not (entry.folder / "source.json").exists():
         source = {"file": str(entry.path), "digest": entry.digest, "tokenizer": str(encoder.folder.path)}
-        _write_text_atomically(entry.folder / "source.json", json.dumps({**source, "kind": encoder.kind}))
+        write_atomically(entry.folder / "source.json", json.dumps({**source, "kind": encoder.kind}))
     scratch = entry.folder / f"{entry.part_folder(part).name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     scratch.mkdir()
     try:
@@ -153,7 +155,7 @@ def build_part(entry: CachedFile, part: int, encoder: DocumentEncoder, on_bytes:
             masks = [d.loss_mask for d in documents if d.loss_mask is not None]
             _save_array(scratch / "loss_mask.npy", np.concatenate(masks) if masks else np.zeros(0, dtype=np.uint8))
         # meta.json last: has_part() looks for it, and only a finished folder is ever renamed into place.
-        _write_text_atomically(scratch / "meta.json", json.dumps(meta))
+        write_atomically(scratch / "meta.json", json.dumps(meta))
         try:
             scratch.rename(entry.part_folder(part))
         except OSError:
@@ -294,13 +296,3 @@ def _save_array(path: Path, array: npt.NDArray[Any]) -> None:
 
 def _load_array(path: Path) -> Any:
     return np.load(path, mmap_mode="r", allow_pickle=False)
-
-
-def _write_text_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    with scratch.open("w", encoding="utf-8") as stream:
-        stream.write(text)
-        stream.flush()
-        os.fsync(stream.fileno())
-    scratch.replace(path)

@@ -25,6 +25,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import torch
+from clusterx.fileio import write_atomically
 from safetensors.torch import save_file
 from torch import Tensor
 
@@ -234,8 +235,8 @@ def save_hf(
             temporary.replace(folder / name)
             weight_map.update(dict.fromkeys(keys, name))
         index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
-        (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-    (folder / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+        write_atomically(folder / INDEX_FILE, json.dumps(index, indent=2) + "\n")
+    write_atomically(folder / CONFIG_FILE, json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
 
 
 def _save_groups(config: ModelConfig) -> list[str]:

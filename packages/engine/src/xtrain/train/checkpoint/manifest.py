@@ -14,11 +14,11 @@ exactly); 2 holds a ``TrainState``. A newer version than this code knows is refu
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clusterx.fileio import write_atomically
 from deeptrace.rundir import layout
 from pydantic import ValidationError
 
@@ -96,14 +96,4 @@ def read_manifest(folder: Path) -> Manifest:
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:
     """Write the marker atomically (temporary file, fsync, rename, fsync of the folder): the last write of a save."""
-    temporary = folder / f".{MARKER}.{os.getpid()}.tmp"
-    with temporary.open("w") as handle:
-        handle.write(manifest.to_json())
-        handle.flush()
-        os.fsync(handle.fileno())
-    temporary.replace(folder / MARKER)
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    write_atomically(folder / MARKER, manifest.to_json(), fsync_folder=True)
