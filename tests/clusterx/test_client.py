@@ -31,21 +31,21 @@ def _spec(fake_dir: Path, **fields: object) -> JobSpec:
 
 def test_submit_stores_and_hands_to_the_backend(client: Client, fake_dir: Path, tmp_path: Path) -> None:
     record = client.submit(_spec(fake_dir, name="demo", priority=3))
-    assert record["state"] == "QUEUED"
-    assert record["backend_job_id"].startswith("fake-")
-    assert (fake_dir / f"{record['backend_job_id']}.json").exists()
-    assert record["run_dir"].startswith(str(tmp_path / "runs" / "demo-"))
-    assert record["spec"]["workdir"] == str(Path.cwd())
-    assert record["rendered_request"] and '"train"' in record["rendered_request"]
-    assert [e["to_state"] for e in record["events"]] == ["PENDING", "QUEUED"]
-    assert record["priority"] == 3 and record["user"] == client.user
+    assert record.state == "QUEUED"
+    assert record.backend_job_id.startswith("fake-")
+    assert (fake_dir / f"{record.backend_job_id}.json").exists()
+    assert record.run_dir.startswith(str(tmp_path / "runs" / "demo-"))
+    assert record.spec.workdir == str(Path.cwd())
+    assert record.rendered_request and '"train"' in record.rendered_request
+    assert [e.to_state for e in record.events] == ["PENDING", "QUEUED"]
+    assert record.priority == 3 and record.user == client.user
 
 
 def test_repeated_submit_key_returns_the_same_job(client: Client, fake_dir: Path) -> None:
     spec = _spec(fake_dir, submit_key="fixed-key")
     first = client.submit(spec)
     second = client.submit(spec)
-    assert first["id"] == second["id"]
+    assert first.id == second.id
     assert len(client.list(poll=False)) == 1
     assert len(list(fake_dir.glob("*.json"))) == 1  # the backend saw it once
 
@@ -59,7 +59,7 @@ def test_dryrun_stores_nothing(client: Client, fake_dir: Path) -> None:
 
 def test_polling_records_state_hosts_and_events(client: Client, fake_dir: Path) -> None:
     record = client.submit(_spec(fake_dir, nodes=2, procs_per_node=2))
-    bid = record["backend_job_id"]
+    bid = record.backend_job_id
     write_fake_state(
         fake_dir,
         bid,
@@ -70,40 +70,40 @@ def test_polling_records_state_hosts_and_events(client: Client, fake_dir: Path) 
             "rank_to_host": {"0": "n1", "1": "n1", "2": "n2", "3": "n2"},
         },
     )
-    running = client.describe(record["id"])
-    assert (running["state"], running["raw_state"], running["hosts"]) == ("RUNNING", "R", ["n1", "n2"])
-    assert running["rank_to_host"] == {"0": "n1", "1": "n1", "2": "n2", "3": "n2"}
+    running = client.describe(record.id)
+    assert (running.state, running.raw_state, running.hosts) == ("RUNNING", "R", ["n1", "n2"])
+    assert running.rank_to_host == {"0": "n1", "1": "n1", "2": "n2", "3": "n2"}
     write_fake_state(fake_dir, bid, {"state": "FAILED", "raw_state": "OUT_OF_MEMORY", "exit_code": 137})
-    ended = client.wait(record["id"], timeout_s=10)
-    assert (ended["state"], ended["raw_state"], ended["exit_code"]) == ("FAILED", "OUT_OF_MEMORY", 137)
-    assert [e["to_state"] for e in ended["events"]] == ["PENDING", "QUEUED", "RUNNING", "FAILED"]
-    assert ended["events"][-1]["source"] == "poll:fake"
+    ended = client.wait(record.id, timeout_s=10)
+    assert (ended.state, ended.raw_state, ended.exit_code) == ("FAILED", "OUT_OF_MEMORY", 137)
+    assert [e.to_state for e in ended.events] == ["PENDING", "QUEUED", "RUNNING", "FAILED"]
+    assert ended.events[-1].source == "poll:fake"
     # A later, stale answer never changes an ended job.
     write_fake_state(fake_dir, bid, {"state": "RUNNING", "raw_state": "R"})
-    assert client.describe(record["id"])["state"] == "FAILED"
+    assert client.describe(record.id).state == "FAILED"
 
 
 def test_failed_attempt_with_retries_left_is_resubmitted(client: Client, fake_dir: Path) -> None:
     record = client.submit(_spec(fake_dir, max_retries=1))
-    first_bid = record["backend_job_id"]
+    first_bid = record.backend_job_id
     write_fake_state(fake_dir, first_bid, {"state": "FAILED", "exit_code": 1})
-    retried = client.describe(record["id"])
-    assert (retried["state"], retried["attempt"]) == ("QUEUED", 2)
-    assert retried["backend_job_id"] != first_bid
-    write_fake_state(fake_dir, retried["backend_job_id"], {"state": "SUCCEEDED", "exit_code": 0})
-    done = client.describe(record["id"])
-    assert (done["state"], done["attempt"]) == ("SUCCEEDED", 2)
-    assert [(a["attempt"], a["state"]) for a in done["attempts"]] == [(1, "FAILED"), (2, "SUCCEEDED")]
+    retried = client.describe(record.id)
+    assert (retried.state, retried.attempt) == ("QUEUED", 2)
+    assert retried.backend_job_id != first_bid
+    write_fake_state(fake_dir, retried.backend_job_id, {"state": "SUCCEEDED", "exit_code": 0})
+    done = client.describe(record.id)
+    assert (done.state, done.attempt) == ("SUCCEEDED", 2)
+    assert [(a.attempt, a.state) for a in done.attempts] == [(1, "FAILED"), (2, "SUCCEEDED")]
 
 
 def test_job_the_backend_forgot_becomes_lost(client: Client, fake_dir: Path) -> None:
     record = client.submit(_spec(fake_dir))
-    (fake_dir / f"{record['backend_job_id']}.json").unlink()
-    assert client.describe(record["id"])["state"] == "QUEUED"  # just submitted: not yet
+    (fake_dir / f"{record.backend_job_id}.json").unlink()
+    assert client.describe(record.id).state == "QUEUED"  # just submitted: not yet
     long_ago = utcnow() - timedelta(minutes=10)
-    client.store.apply(record["id"], "test", "pretend it is old", fields={"submitted_at": long_ago})
-    lost = client.describe(record["id"])
-    assert lost["state"] == "LOST" and "no longer knows" in lost["failure_reason"]
+    client.store.apply(record.id, "test", "pretend it is old", fields={"submitted_at": long_ago})
+    lost = client.describe(record.id)
+    assert lost.state == "LOST" and "no longer knows" in lost.failure_reason
 
 
 def test_cancel_is_idempotent_and_owner_only(db_url: str, client: Client, fake_dir: Path, tmp_path: Path) -> None:
@@ -112,24 +112,24 @@ def test_cancel_is_idempotent_and_owner_only(db_url: str, client: Client, fake_d
     with pytest.raises(
         NotOwnerError, match=r"job \d+ belongs to \w+; mallory may not cancel it \(only \w+, root may\)"
     ):
-        other.cancel([record["id"]])
-    client.cancel([record["id"]])
-    assert client.describe(record["id"])["state"] == "CANCELLED"  # the backend confirmed on the next poll
-    assert client.cancel([record["id"]])[record["id"]].value == "CANCELLED"  # again: no error, no change
-    assert sum(e["to_state"] == "CANCELLED" for e in client.describe(record["id"])["events"]) == 1
+        other.cancel([record.id])
+    client.cancel([record.id])
+    assert client.describe(record.id).state == "CANCELLED"  # the backend confirmed on the next poll
+    assert client.cancel([record.id])[record.id].value == "CANCELLED"  # again: no error, no change
+    assert sum(e.to_state == "CANCELLED" for e in client.describe(record.id).events) == 1
 
 
 def test_retry_makes_a_new_linked_job(client: Client, fake_dir: Path) -> None:
     record = client.submit(_spec(fake_dir))
     with pytest.raises(JobStateError, match="still QUEUED"):
-        client.retry(record["id"])
-    write_fake_state(fake_dir, record["backend_job_id"], {"state": "FAILED", "exit_code": 2})
-    client.describe(record["id"])
-    new = client.retry(record["id"])
-    assert new["id"] != record["id"] and new["retry_of"] == record["id"]
-    assert new["run_dir"] == record["run_dir"] and new["submit_key"] != record["submit_key"]
-    old = client.describe(record["id"])
-    assert (old["state"], old["exit_code"]) == ("FAILED", 2)
+        client.retry(record.id)
+    write_fake_state(fake_dir, record.backend_job_id, {"state": "FAILED", "exit_code": 2})
+    client.describe(record.id)
+    new = client.retry(record.id)
+    assert new.id != record.id and new.retry_of == record.id
+    assert new.run_dir == record.run_dir and new.submit_key != record.submit_key
+    old = client.describe(record.id)
+    assert (old.state, old.exit_code) == ("FAILED", 2)
 
 
 def test_impossible_local_requests_are_refused_before_storing(client: Client) -> None:
@@ -162,8 +162,8 @@ def test_repeated_submit_recovers_a_job_its_submitter_left_pending(client: Clien
     )  # fmt: skip
     client.store.insert_job(job, source="client", message="stored, then the submitter died")
     record = client.submit(spec)
-    assert record["state"] == "QUEUED" and record["backend_job_id"].startswith("fake-")
-    assert client.submit(spec)["backend_job_id"] == record["backend_job_id"]  # handed over once only
+    assert record.state == "QUEUED" and record.backend_job_id.startswith("fake-")
+    assert client.submit(spec).backend_job_id == record.backend_job_id  # handed over once only
     assert len(list(fake_dir.glob("*.json"))) == 1
 
 
@@ -186,10 +186,10 @@ def test_an_unreachable_backend_leaves_jobs_as_last_seen_and_says_so(db_url: str
             "backend_options": {"bin_dir": str(bin_dir), "state_dir": str(tmp_path / "st")},
         }
     )
-    job_id = client.submit(spec)["id"]
+    job_id = client.submit(spec).id
     records = client.list()
-    assert [r["id"] for r in records] == [job_id]
-    assert records[0]["state"] == "QUEUED"
+    assert [r.id for r in records] == [job_id]
+    assert records[0].state == "QUEUED"
     assert len(client.poll_errors) == 1
     assert "Unable to contact slurm controller" in client.poll_errors[0]
-    assert client.describe(job_id)["state"] == "QUEUED"
+    assert client.describe(job_id).state == "QUEUED"

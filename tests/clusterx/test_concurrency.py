@@ -31,11 +31,11 @@ SUBMITTER = textwrap.dedent(
     for k in range(count):
         key = f"p{index}-j{k}"
         spec = JobSpec(command=["true"], backend="fake", backend_options={"state_dir": fake_dir}, submit_key=key)
-        ids[key] = client.submit(spec)["id"]
+        ids[key] = client.submit(spec).id
     for k in range(repeats):  # the same submit again, as a client retrying after a lost reply would
         key = f"p{index}-j{k}"
         spec = JobSpec(command=["true"], backend="fake", backend_options={"state_dir": fake_dir}, submit_key=key)
-        assert client.submit(spec)["id"] == ids[key], key
+        assert client.submit(spec).id == ids[key], key
     print(json.dumps(ids))
     """
 )
@@ -74,7 +74,7 @@ def test_concurrent_submitters_lose_and_duplicate_nothing(db_url: str, tmp_path:
     client = Client(db_url, runs_dir=runs)
     jobs = client.list(limit=None, poll=False)
     assert len(jobs) == TOTAL_JOBS
-    assert len({j["submit_key"] for j in jobs}) == TOTAL_JOBS
-    assert {j["submit_key"]: j["id"] for j in jobs} == reported
-    assert all(j["state"] == "QUEUED" for j in jobs)
+    assert len({j.submit_key for j in jobs}) == TOTAL_JOBS
+    assert {j.submit_key: j.id for j in jobs} == reported
+    assert all(j.state == "QUEUED" for j in jobs)
     assert len(list(fake_dir.glob("*.json"))) == TOTAL_JOBS  # each job reached the backend exactly once

@@ -33,7 +33,7 @@ def test_jobs_get_disjoint_gpus_and_wait_for_free_ones(sqlite_db: str, tmp_path:
             env={"PATH": os.environ["PATH"]},
             backend_options={"autostart": "false"},
         )
-        job_id = client.submit(spec)["id"]
+        job_id = client.submit(spec).id
         # As a GPU machine's client stores a 2-GPU job (this machine has none, so submit would refuse it).
         client.store.apply(job_id, "test", "needs 2 GPUs", fields={"gpus": 2})
         ids.append(job_id)
@@ -43,13 +43,13 @@ def test_jobs_get_disjoint_gpus_and_wait_for_free_ones(sqlite_db: str, tmp_path:
         wait_until(lambda: (tmp_path / "gpus-0").exists() and (tmp_path / "gpus-1").exists())
         first, second = ((tmp_path / f"gpus-{i}").read_text().strip() for i in (0, 1))
         assert {first, second} == {"0,1", "2,3"}
-        assert client.describe(ids[2])["state"] == "QUEUED"  # all four GPUs are taken
+        assert client.describe(ids[2]).state == "QUEUED"  # all four GPUs are taken
         gate.touch()
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(client.describe(i)["state"] != "SUCCEEDED" for i in ids):
+        while time.monotonic() < deadline and any(client.describe(i).state != "SUCCEEDED" for i in ids):
             daemon.tick()
             time.sleep(0.05)
-        assert [client.describe(i)["state"] for i in ids] == ["SUCCEEDED"] * 3
+        assert [client.describe(i).state for i in ids] == ["SUCCEEDED"] * 3
         assert (tmp_path / "gpus-2").read_text().strip() in ("0,1", "2,3")
     finally:
         for tracked in list(daemon.tracked.values()):

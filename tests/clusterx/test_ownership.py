@@ -75,8 +75,8 @@ def test_the_daemon_refuses_another_users_requests(
     db = str(shared_dir / "jobs.db")
     stop_daemons(db)
     client = Client(db, runs_dir=shared_dir / "runs")
-    mine = client.submit(sleeper(name="mine"))["id"]
-    wait_until(lambda: client.describe(mine)["state"] == "RUNNING")
+    mine = client.submit(sleeper(name="mine")).id
+    wait_until(lambda: client.describe(mine).state == "RUNNING")
     owner = client.user  # the daemon runs as this test's user (root in CI)
     socket_file = socket_path(client.url)
     refusals = [
@@ -90,22 +90,22 @@ def test_the_daemon_refuses_another_users_requests(
         assert (answer["ok"], answer["kind"]) == (False, "NotOwnerError"), answer
         assert message in answer["error"]
     record = client.describe(mine)
-    assert (record["state"], record["priority"], record["cancel_requested"]) == ("RUNNING", 0, False)
-    assert [r["id"] for r in client.list(poll=False)] == [mine]  # nothing was submitted
+    assert (record.state, record.priority, record.cancel_requested) == ("RUNNING", 0, False)
+    assert [r.id for r in client.list(poll=False)] == [mine]  # nothing was submitted
 
     # The same rule lets a job's owner act on it: a job of the other user's in this history (as on a shared one).
-    theirs = client.submit(sleeper(name="theirs"))["id"]
+    theirs = client.submit(sleeper(name="theirs")).id
     client.store.write(lambda s: s.execute(update(Job).where(Job.id == theirs).values(user=other_user)))
     answer = as_user(other_user, socket_file, {"op": "priority", "job_id": theirs, "priority": 5})
     assert answer["ok"] and answer["record"]["priority"] == 5
     answer = as_user(other_user, socket_file, {"op": "cancel", "job_ids": [theirs]})
     assert answer["ok"], answer
-    assert client.wait(theirs, timeout_s=60)["state"] == "CANCELLED"
-    assert any(f"daemon-socket:{other_user}" == e["source"] for e in client.describe(theirs)["events"])
+    assert client.wait(theirs, timeout_s=60).state == "CANCELLED"
+    assert any(f"daemon-socket:{other_user}" == e.source for e in client.describe(theirs).events)
 
     # And the daemon's owner may act on any job, through the same socket (Client.cancel goes there).
     assert client.cancel([mine])[mine].value in ("RUNNING", "CANCELLED")
-    assert client.wait(mine, timeout_s=60)["state"] == "CANCELLED"
+    assert client.wait(mine, timeout_s=60).state == "CANCELLED"
 
 
 def test_the_daemon_trusts_the_kernel_not_the_callers_word(
@@ -116,21 +116,21 @@ def test_the_daemon_trusts_the_kernel_not_the_callers_word(
     db = str(shared_dir / "jobs.db")
     stop_daemons(db)
     client = Client(db, runs_dir=shared_dir / "runs", poll_interval_s=0)
-    job = client.submit(sleeper(name="x"))["id"]
+    job = client.submit(sleeper(name="x")).id
     client.store.write(lambda s: s.execute(update(Job).where(Job.id == job).values(user=other_user)))
     claims_owner = Client(db, user=other_user, runs_dir=shared_dir / "runs")
-    assert claims_owner.set_priority(job, 3)["priority"] == 3  # allowed: the kernel says root, and root may
+    assert claims_owner.set_priority(job, 3).priority == 3  # allowed: the kernel says root, and root may
     # Without the daemon, the client applies the rule to the user it acts as: the CLI names the job's owner.
     client.cancel([job])
     client.wait(job, timeout_s=60)
     fake = client.submit(
         JobSpec(command=["true"], backend="fake", backend_options={"state_dir": str(shared_dir / "fake")})
-    )["id"]
+    ).id
     result = CliRunner().invoke(main, ["--db", db, "cancel", str(fake)], env={"LOGNAME": "mallory", "USER": "mallory"})
     assert result.exit_code == 2
     assert f"job {fake} belongs to {client.user}; mallory may not cancel it" in result.output
-    write_fake_state(shared_dir / "fake", client.describe(fake)["backend_job_id"], {"state": "FAILED"})
-    assert client.describe(fake)["state"] == "FAILED"
+    write_fake_state(shared_dir / "fake", client.describe(fake).backend_job_id, {"state": "FAILED"})
+    assert client.describe(fake).state == "FAILED"
     with pytest.raises(NotOwnerError, match=f"job {fake} belongs to {client.user}; mallory may not retry it"):
         Client(db, user="mallory").retry(fake)
 
@@ -154,12 +154,12 @@ def test_a_shared_postgresql_history_keeps_each_role_to_its_own_jobs(postgres_se
     as_role = admin_url.replace("postgresql://postgres@", "postgresql://{}@")
     fake = {"state_dir": str(tmp_path / "fake")}
     alice = Client(as_role.format("alice"), user="alice", runs_dir=tmp_path / "runs", poll_interval_s=0)
-    job = alice.submit(JobSpec(command=["train"], backend="fake", backend_options=fake))["id"]
+    job = alice.submit(JobSpec(command=["train"], backend="fake", backend_options=fake)).id
     bob_as_alice = Client(as_role.format("bob"), user="alice", runs_dir=tmp_path / "runs", poll_interval_s=0)
-    assert bob_as_alice.describe(job)["user"] == "alice"  # everyone reads every job
+    assert bob_as_alice.describe(job).user == "alice"  # everyone reads every job
     with pytest.raises(JobNotFoundError, match=f"no job {job}"):
         bob_as_alice.cancel([job])
-    assert alice.describe(job)["state"] == "QUEUED" and not alice.describe(job)["cancel_requested"]
+    assert alice.describe(job).state == "QUEUED" and not alice.describe(job).cancel_requested
     with psycopg.connect(as_role.format("bob"), autocommit=True) as bob:
         assert bob.execute("UPDATE jobs SET priority = 99 WHERE id = %s", (job,)).rowcount == 0  # not his to change
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):  # nor to forge
@@ -169,9 +169,9 @@ def test_a_shared_postgresql_history_keeps_each_role_to_its_own_jobs(postgres_se
                 "created_at, updated_at) VALUES ('k', 'n', 'alice', 'h', 'fake', 'QUEUED', '{}', '/r', '{}', '[]', "
                 "'{}', 1, 0, 0, 1, 1, 0, 0, false, now(), now())"
             )
-    assert alice.describe(job)["priority"] == 0  # bob's UPDATE matched no row he may change
+    assert alice.describe(job).priority == 0  # bob's UPDATE matched no row he may change
     alice.cancel([job])
-    assert alice.describe(job)["state"] == "CANCELLED"
+    assert alice.describe(job).state == "CANCELLED"
     for client in (alice, bob_as_alice):
         client.close()
 

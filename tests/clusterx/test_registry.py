@@ -42,22 +42,23 @@ def test_queued_jobs_are_cancelled_at_once_only_where_the_queue_is_the_database(
     fake = client.submit(
         JobSpec(command=["true"], backend="fake", backend_options={"state_dir": str(tmp_path / "fake")})
     )
-    assert local["state"] == fake["state"] == "QUEUED"
+    assert local.state == fake.state == "QUEUED"
     # The local job's queue is this database: nobody else holds it, so it ends now. The fake cluster holds the
     # other one: it stays live until the cluster confirms.
-    assert client.store.request_cancel(local["id"], "test") is JobState.CANCELLED
-    assert client.store.request_cancel(fake["id"], "test") is JobState.QUEUED
+    assert client.store.request_cancel(local.id, "test") is JobState.CANCELLED
+    assert client.store.request_cancel(fake.id, "test") is JobState.QUEUED
     client.close()
 
 
 def test_job_states_are_typed_in_python_and_names_in_the_database(db_url: str, tmp_path: Path) -> None:
     client = Client(db_url, runs_dir=tmp_path / "runs")
     record = client.submit(JobSpec(command=["true"], backend_options={"autostart": "false"}))
-    job = client.store.get(record["id"])
+    job = client.store.get(record.id)
     assert type(job.state) is JobState and job.state is JobState.QUEUED
     assert all(type(e.to_state) is JobState for e in client.store.events(job.id))
     assert all(type(a.state) is JobState for a in client.store.attempts(job.id))
-    assert record["state"] == "QUEUED" and type(record["state"]) is str  # the JSON record holds plain names
+    assert record.state is JobState.QUEUED and record.to_dict()["state"] == "QUEUED"  # JSON holds plain names
+    assert type(record.to_dict()["state"]) is str
     with client.store.engine.begin() as connection:
         assert connection.execute(text("SELECT state FROM jobs")).scalar_one() == "QUEUED"
         # A word that is no state cannot be read back as one.

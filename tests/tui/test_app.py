@@ -143,15 +143,15 @@ async def test_cancel_asks_first_and_resubmit_makes_a_retry(tmp_path: Path) -> N
         await pilot.press("n")
         assert isinstance(app.screen, JobsScreen)
         await one_refresh(pilot, app)
-        assert not client.describe(job, poll=False)["cancel_requested"]
+        assert not client.describe(job, poll=False).cancel_requested
         await pilot.press("c")
         await pilot.click("#confirm-yes")  # the mouse answers too
-        await until(pilot, lambda: client.describe(job, poll=False)["cancel_requested"], "the cancel request")
+        await until(pilot, lambda: client.describe(job, poll=False).cancel_requested, "the cancel request")
         await until(pilot, lambda: app.state.jobs.rows[job].state == "CANCELLED", "CANCELLED in the table")
         await pilot.press("R")
         await until(pilot, lambda: len(app.state.jobs.order) == 2, "the retry in the table")
         retry = app.state.jobs.order[0]
-        assert client.describe(retry, poll=False)["retry_of"] == job
+        assert client.describe(retry, poll=False).retry_of == job
     client.close()
 
 

@@ -116,25 +116,25 @@ def test_a_job_slurm_requeues_runs_again_as_the_next_attempt(slurm_cluster: Slur
             backend_options={"slurm_conf": str(slurm_cluster.conf), "state_dir": str(slurm_cluster.status_dir)},
         )
         job = client.submit(spec)
-        assert "#SBATCH --requeue\n" in job["rendered_request"]
-        attempts_file = Path(job["run_dir"]) / "attempts.txt"
+        assert "#SBATCH --requeue\n" in job.rendered_request
+        attempts_file = Path(job.run_dir) / "attempts.txt"
         wait_until(lambda: attempts_file.exists() and attempts_file.read_text() == "1\n", timeout_s=60)
-        slurm_id = job["backend_job_id"]
+        slurm_id = job.backend_job_id
         assert slurm_cluster.run("scontrol", "requeue", slurm_id).returncode == 0
         # Slurm holds a requeued batch job back for a while (BeginTime); let it go as soon as it waits again.
-        wait_until(lambda: client.describe(job["id"])["attempt"] == 2, timeout_s=60)
+        wait_until(lambda: client.describe(job.id).attempt == 2, timeout_s=60)
         wait_until(
             lambda: slurm_cluster.run("scontrol", "update", f"JobId={slurm_id}", "StartTime=now").returncode == 0
         )
-        done = client.wait(job["id"], timeout_s=120)
-        assert (done["state"], done["attempt"], done["backend_job_id"]) == ("SUCCEEDED", 2, slurm_id)
+        done = client.wait(job.id, timeout_s=120)
+        assert (done.state, done.attempt, done.backend_job_id) == ("SUCCEEDED", 2, slurm_id)
         assert attempts_file.read_text() == "1\n2\n"
-        assert [(a["attempt"], a["state"], a["backend_job_id"]) for a in done["attempts"]] == [
+        assert [(a.attempt, a.state, a.backend_job_id) for a in done.attempts] == [
             (1, "PREEMPTED", slurm_id),
             (2, "SUCCEEDED", slurm_id),
         ]
-        assert "requeued by slurm" in done["attempts"][0]["reason"]
-        states = [e["to_state"] for e in done["events"]]
+        assert "requeued by slurm" in done.attempts[0].reason
+        states = [e.to_state for e in done.events]
         assert states.index("SUCCEEDED") == len(states) - 1  # live between attempts; only the last end is final
     finally:
         client.close()
@@ -176,9 +176,9 @@ def test_python_api_on_slurm(slurm_cluster: SlurmCluster, tmp_path: Path) -> Non
             backend_options={"slurm_conf": str(slurm_cluster.conf), "state_dir": str(slurm_cluster.status_dir)},
         )
         job = client.submit(spec)
-        record = client.wait(job["id"], timeout_s=60)
-        assert record["state"] == "SUCCEEDED"
-        assert record["hosts"] == [slurm_cluster.node]
-        assert client.log_file(job["id"]).read_text() == f"attempt 1 of job {job['id']}\n"
+        record = client.wait(job.id, timeout_s=60)
+        assert record.state == "SUCCEEDED"
+        assert record.hosts == [slurm_cluster.node]
+        assert client.log_file(job.id).read_text() == f"attempt 1 of job {job.id}\n"
     finally:
         client.close()

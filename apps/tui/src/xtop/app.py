@@ -188,7 +188,7 @@ class XtopApp(App[None]):
     def resubmit(self, job: JobRow) -> None:
         def retry(client: Any) -> str:
             record = client.retry(job.id)
-            return f"job {record['id']} submitted (a retry of job {job.id})"
+            return f"job {record.id} submitted (a retry of job {job.id})"
 
         self._run_action(retry, None)
 

@@ -14,9 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-LIVE_STATES = ("PENDING", "QUEUED", "STARTING", "RUNNING")
+from clusterx.states import LIVE_STATES
+
+if TYPE_CHECKING:  # loaded with the client, after the first paint (see JobFeed._connect)
+    from clusterx import Client
+    from clusterx.record import JobRecord
+
 # How many newest jobs one look asks for; doubled while every one of them is new (a burst of submissions).
 NEWEST_BATCH = 32
 
@@ -56,33 +61,25 @@ class JobRow:
         return max(0.0, (end - self.started_at).total_seconds())
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> JobRow:
-        spec = record.get("spec") or {}
+    def from_record(cls, record: JobRecord) -> JobRow:
         return cls(
-            id=int(record["id"]),
-            name=str(record["name"]),
-            user=str(record["user"]),
-            state=str(record["state"]),
-            backend=str(record["backend"]),
-            nodes=int(spec.get("nodes", 1)),
-            gpus_per_node=int(spec.get("gpus_per_node", 0)),
-            procs_per_node=int(spec.get("procs_per_node", 1)),
-            attempt=int(record.get("attempt", 1)),
-            max_retries=int(record.get("max_retries", 0)),
-            created_at=_parse_time(record.get("created_at")),
-            started_at=_parse_time(record.get("started_at")),
-            ended_at=_parse_time(record.get("ended_at")),
-            run_dir=record.get("run_dir"),
-            hosts=tuple(record.get("hosts") or ()),
-            failure_reason=record.get("failure_reason"),
+            id=record.id,
+            name=record.name,
+            user=record.user,
+            state=record.state.value,
+            backend=record.backend,
+            nodes=record.spec.nodes,
+            gpus_per_node=record.spec.gpus_per_node,
+            procs_per_node=record.spec.procs_per_node,
+            attempt=record.attempt,
+            max_retries=record.max_retries,
+            created_at=record.created_at,
+            started_at=record.started_at,
+            ended_at=record.ended_at,
+            run_dir=record.run_dir,
+            hosts=tuple(record.hosts),
+            failure_reason=record.failure_reason,
         )
-
-
-def _parse_time(value: object) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 @dataclass
@@ -98,15 +95,15 @@ class JobDelta:
 class JobFeed:
     """Reads jobs through `clusterx.Client`, incrementally after the first full read. One thread at a time."""
 
-    def __init__(self, db: str | None, client_factory: Callable[[str | None], Any] | None = None) -> None:
+    def __init__(self, db: str | None, client_factory: Callable[[str | None], Client] | None = None) -> None:
         self.db = db
         self._client_factory = client_factory
-        self._client: Any = None
+        self._client: Client | None = None
         self._loaded = False
         self._newest_id = 0
         self._live_ids: set[int] = set()
 
-    def _connect(self) -> Any:
+    def _connect(self) -> Client:
         if self._client is None:
             if self._client_factory is not None:
                 self._client = self._client_factory(self.db)
@@ -124,7 +121,7 @@ class JobFeed:
     def fetch(self) -> JobDelta:
         return self._guarded(self._fetch_changes)
 
-    def _guarded(self, read: Callable[[Any], list[JobRow]], complete: bool = True) -> JobDelta:
+    def _guarded(self, read: Callable[[Client], list[JobRow]], complete: bool = True) -> JobDelta:
         # The database layer raises its drivers' own errors (sqlite3, psycopg, SQLAlchemy, clusterx's): whatever
         # it is, the dashboard shows it and tries again next tick instead of ending.
         try:
@@ -133,10 +130,10 @@ class JobFeed:
         except Exception as error:
             self.close()
             return JobDelta(problem=f"job database unreachable: {_one_line(error)}", complete=False)
-        warnings = list(getattr(client, "poll_errors", []) or [])
+        warnings = list(client.poll_errors)
         return JobDelta(rows=rows, complete=complete, warnings=warnings)
 
-    def _fetch_changes(self, client: Any) -> list[JobRow]:
+    def _fetch_changes(self, client: Client) -> list[JobRow]:
         if not self._loaded:
             rows = self._remember(client.list(limit=None, poll=True))
             self._loaded = True
@@ -149,19 +146,19 @@ class JobFeed:
         self._live_ids -= {row.id for row in ended}
         return live + ended + self._newer(client)
 
-    def _newer(self, client: Any) -> list[JobRow]:
+    def _newer(self, client: Client) -> list[JobRow]:
         newest = client.list(limit=1, poll=False)  # the common case, nothing new, costs one row
-        if not newest or int(newest[0]["id"]) <= self._newest_id:
+        if not newest or newest[0].id <= self._newest_id:
             return []
         limit = NEWEST_BATCH
         while True:
             records = client.list(limit=limit, poll=False)
-            if len(records) < limit or int(records[-1]["id"]) <= self._newest_id:
+            if len(records) < limit or records[-1].id <= self._newest_id:
                 break
             limit *= 2
-        return self._remember([record for record in records if int(record["id"]) > self._newest_id])
+        return self._remember([record for record in records if record.id > self._newest_id])
 
-    def _remember(self, records: Iterable[dict[str, Any]]) -> list[JobRow]:
+    def _remember(self, records: Iterable[JobRecord]) -> list[JobRow]:
         rows = [JobRow.from_record(record) for record in records]
         for row in rows:
             self._newest_id = max(self._newest_id, row.id)
@@ -170,7 +167,7 @@ class JobFeed:
         return rows
 
     @property
-    def client(self) -> Any:
+    def client(self) -> Client:
         """The clusterx client, for actions (cancel, retry, logs); connects on first use."""
         return self._connect()
 

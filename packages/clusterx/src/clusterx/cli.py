@@ -21,6 +21,8 @@ from clusterx.backends.registry import BACKEND_NAMES, BACKENDS, DEFAULT_BACKEND
 
 if TYPE_CHECKING:
     from clusterx.client import Client
+    from clusterx.daemon.messages import RecordReply
+    from clusterx.record import JobRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -35,7 +37,6 @@ WAIT_EXIT_CODES = {
     "LOST": 6,
 }
 WAIT_TIMED_OUT = 124
-LIVE_STATES = ("PENDING", "QUEUED", "STARTING", "RUNNING")
 USER_ERROR = 2
 
 
@@ -145,11 +146,14 @@ def submit(ctx: click.Context, /, args: tuple[str, ...], dryrun: bool, as_json: 
     _print_submitted(client.submit(spec), as_json)
 
 
-def _print_submitted(record: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps(record, indent=2))
+def _print_submitted(submitted: JobRecord | RecordReply, as_json: bool) -> None:
+    """The new job's record, or its line; from the daemon's reply (the quick way, no pydantic) or a JobRecord."""
+    from clusterx.daemon.messages import RecordReply  # noqa: PLC0415
+
+    if isinstance(submitted, RecordReply):
+        click.echo(json.dumps(submitted.record, indent=2) if as_json else submitted.summary)
     else:
-        click.echo(f"job {record['id']} {record['state']} on {record['backend']}: run dir {record['run_dir']}")
+        click.echo(submitted.to_json() if as_json else submitted.summary())
 
 
 def spec_mapping(args: tuple[str, ...], options: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -223,14 +227,14 @@ def list_jobs(
     records = client.list(states=wanted, user=user, name=name, backend=backend, limit=limit or None)
     _warn_poll_errors(client)
     if as_json:
-        click.echo(json.dumps(records, indent=2))
+        click.echo(json.dumps([r.to_dict() for r in records], indent=2))
         return
     click.echo(f"{'ID':>6}  {'NAME':<24} {'USER':<10} {'BACKEND':<7} {'STATE':<10} {'TRY':>3} {'EXIT':>4}  CREATED")
     for r in records:
-        exit_code = "" if r["exit_code"] is None else str(r["exit_code"])
+        exit_code = "" if r.exit_code is None else str(r.exit_code)
         click.echo(
-            f"{r['id']:>6}  {r['name'][:24]:<24} {r['user'][:10]:<10} {r['backend']:<7} {r['state']:<10} "
-            f"{r['attempt']:>3} {exit_code:>4}  {r['created_at'][:19]}"
+            f"{r.id:>6}  {r.name[:24]:<24} {r.user[:10]:<10} {r.backend:<7} {r.state:<10} "
+            f"{r.attempt:>3} {exit_code:>4}  {r.created_at.isoformat()[:19]}"
         )
 
 
@@ -262,17 +266,17 @@ def describe(ctx: click.Context, job_id: int, as_json: bool) -> None:
     record = client.describe(job_id)
     _warn_poll_errors(client)
     if as_json:
-        click.echo(json.dumps(record, indent=2))
+        click.echo(record.to_json())
         return
-    skip = {"spec", "rendered_request", "events", "attempts"}
-    for key, value in record.items():
-        if key not in skip:
-            click.echo(f"{key:>16}: {json.dumps(value) if isinstance(value, dict | list) else value}")
-    click.echo(f"{'command':>16}: {' '.join(record['spec']['command'])}")
+    # Every field but the long ones, as JSON shows it (times with 'Z'), in the record's own order.
+    shown = record.model_dump(mode="json", exclude={"spec", "rendered_request", "events", "attempts"})
+    for key, value in shown.items():
+        click.echo(f"{key:>16}: {json.dumps(value) if isinstance(value, dict | list) else value}")
+    click.echo(f"{'command':>16}: {' '.join(record.spec.command)}")
     click.echo("events:")
-    for event in record["events"]:
-        click.echo(f"  {event['at'][:23]}  #{event['attempt']} {event['from_state'] or '-':>9} → "
-                   f"{event['to_state']:<10} [{event['source']}] {event['message']}")  # fmt: skip
+    for event in record.events or []:
+        click.echo(f"  {event.at.isoformat()[:23]}  #{event.attempt} {event.from_state or '-':>9} → "
+                   f"{event.to_state:<10} [{event.source}] {event.message}")  # fmt: skip
 
 
 # -- logs -------------------------------------------------------------------------------------------------------
@@ -327,6 +331,7 @@ def cancel(
 ) -> None:
     """Cancel jobs by id, or your live jobs that match filters (asks first). Cancelling an ended job is fine."""
     from clusterx.errors import SpecError  # noqa: PLC0415
+    from clusterx.states import LIVE_STATES  # noqa: PLC0415
 
     client = _client(ctx)
     ids = list(job_ids)
@@ -334,16 +339,16 @@ def cancel(
     if by_filter:
         wanted = _parse_states(states) or list(LIVE_STATES)
         matches = client.list(states=wanted, user=client.user, name=name, backend=backend, limit=None)
-        matches = [r for r in matches if r["state"] in LIVE_STATES]
+        matches = [r for r in matches if r.live]
         if not matches:
             click.echo("no live job of yours matches")
             return
         for r in matches:
-            click.echo(f"  {r['id']:>6}  {r['name']:<24} {r['state']}")
+            click.echo(f"  {r.id:>6}  {r.name:<24} {r.state}")
         if not yes and not click.confirm(f"cancel these {len(matches)} job(s)?", default=False):
             click.echo("nothing cancelled")
             return
-        ids += [r["id"] for r in matches]
+        ids += [r.id for r in matches]
     if not ids:
         raise SpecError("give job ids, or filters (--state, --name, --backend, --all)")
     for job_id, state in client.cancel(ids).items():
@@ -367,11 +372,11 @@ def wait(ctx: click.Context, job_id: int, timeout: float | None, as_json: bool) 
     5 NODE_FAIL, 6 LOST, 124 still running when --timeout ran out."""
     record = _client(ctx).wait(job_id, timeout_s=timeout)
     if as_json:
-        click.echo(json.dumps(record, indent=2))
+        click.echo(record.to_json())
     else:
-        reason = f" ({record['failure_reason']})" if record["failure_reason"] else ""
-        click.echo(f"job {job_id} {record['state']}{reason}")
-    sys.exit(WAIT_EXIT_CODES.get(record["state"], WAIT_TIMED_OUT))
+        reason = f" ({record.failure_reason})" if record.failure_reason else ""
+        click.echo(f"job {job_id} {record.state}{reason}")
+    sys.exit(WAIT_EXIT_CODES.get(record.state, WAIT_TIMED_OUT))
 
 
 @main.command()
@@ -383,9 +388,9 @@ def retry(ctx: click.Context, job_id: int, as_json: bool) -> None:
     """Submit an ended job again, as a new job linked to it (the ended job is not changed)."""
     record = _client(ctx).retry(job_id)
     if as_json:
-        click.echo(json.dumps(record, indent=2))
+        click.echo(record.to_json())
     else:
-        click.echo(f"job {record['id']} {record['state']} (retry of job {job_id})")
+        click.echo(f"job {record.id} {record.state} (retry of job {job_id})")
 
 
 @main.command()
@@ -396,7 +401,7 @@ def retry(ctx: click.Context, job_id: int, as_json: bool) -> None:
 def priority(ctx: click.Context, job_id: int, value: int) -> None:
     """Change a live job's priority (higher runs first; jobs the local daemon schedules)."""
     record = _client(ctx).set_priority(job_id, value)
-    click.echo(f"job {job_id}: priority {record['priority']}")
+    click.echo(f"job {job_id}: priority {record.priority}")
 
 
 # -- daemon -----------------------------------------------------------------------------------------------------

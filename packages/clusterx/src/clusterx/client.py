@@ -1,7 +1,7 @@
 """`clusterx.Client`: the Python API; the command line is a thin layer over it.
 
-Jobs are returned as job records (plain dicts, `clusterx.record.job_record`): the same stable contract that
-`clusterx describe --json` prints.
+Jobs are returned as `clusterx.record.JobRecord`s: the same typed, versioned contract that `clusterx describe --json`
+prints.
 
 Backends without a daemon of ours (Slurm, fake) are polled by the client: `list`, `describe` and `wait` first
 ask each such backend, in one call for all its live jobs, what it sees (at most every `poll_interval_s`), and
@@ -22,12 +22,22 @@ from typing import Any
 
 from clusterx.backends import backend_info, get_backend, pollable_backends
 from clusterx.backends.base import Backend, BackendStatus, SubmitRequest
+from clusterx.daemon.messages import (
+    CancelReply,
+    CancelRequest,
+    PriorityRequest,
+    R,
+    RecordReply,
+    Request,
+    RetryRequest,
+)
 from clusterx.db.engine import resolve_db_url
 from clusterx.db.models import Job, utcnow
+from clusterx.db.record import job_record
 from clusterx.errors import BackendError, ClusterxError, JobNotFoundError, JobStateError, NotOwnerError, SpecError
 from clusterx.ownership import ROOT_UID, not_owner_message, user_name
 from clusterx.paths import attempt_dir, default_runs_dir
-from clusterx.record import job_record
+from clusterx.record import JobRecord, read_job_record
 from clusterx.spec import JobSpec
 from clusterx.states import JobState
 from clusterx.store import JobStore
@@ -87,7 +97,7 @@ class Client:
         assert spec.run_dir is not None  # prepare() sets it
         return backend.dryrun(SubmitRequest(0, 1, spec.model_dump_json(), attempt_dir(spec.run_dir, 1)))
 
-    def submit(self, spec: JobSpec, *, retry_of: int | None = None) -> dict[str, Any]:
+    def submit(self, spec: JobSpec, *, retry_of: int | None = None) -> JobRecord:
         """Store the job, hand it to its backend, return its record. Submitting a spec whose submit_key is
         already stored returns that job unchanged."""
         spec = self.prepare(spec)
@@ -180,21 +190,21 @@ class Client:
         backend: str | None = None,
         limit: int | None = 50,
         poll: bool = True,
-    ) -> list[dict[str, Any]]:
+    ) -> list[JobRecord]:
         """Job records, newest first."""
         if poll:
             self.reconcile()
         jobs = self.store.list_jobs(states=states, user=user, name=name, backend=backend, limit=limit)
         return [job_record(job) for job in jobs]
 
-    def describe(self, job_id: int, *, poll: bool = True) -> dict[str, Any]:
+    def describe(self, job_id: int, *, poll: bool = True) -> JobRecord:
         """The full job record, with its events and attempts."""
         if poll:
             self.reconcile()
         job = self.store.get(job_id)
         return job_record(job, self.store.events(job_id), self.store.attempts(job_id))
 
-    def wait(self, job_id: int, timeout_s: float | None = None, interval_s: float = 0.5) -> dict[str, Any]:
+    def wait(self, job_id: int, timeout_s: float | None = None, interval_s: float = 0.5) -> JobRecord:
         """Block until the job ends; returns its record (a live one when `timeout_s` ran out)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         job = self.store.get(job_id)
@@ -223,14 +233,14 @@ class Client:
                 self._require_owner(job, "cancel")
         result: dict[int, JobState] = {}
         if by_daemon:
-            answer = self._ask_daemon({"op": "cancel", "job_ids": by_daemon})
+            answer = self._ask_daemon(CancelRequest(by_daemon), CancelReply)
             if answer is None:  # no daemon answers: the same rule, applied here
                 for job in jobs:
                     if job.id in by_daemon:
                         self._require_owner(job, "cancel")
                 here += by_daemon
             else:
-                result.update({int(job_id): JobState(state) for job_id, state in answer["states"].items()})
+                result.update({int(job_id): JobState(state) for job_id, state in answer.states.items()})
         result.update(self.cancel_here(here, source=f"client:{self.user}"))
         return {job.id: result[job.id] for job in jobs}
 
@@ -252,7 +262,7 @@ class Client:
                 self._ensure_daemon()  # the daemon acts on the cancel flag: make sure one runs
         return result
 
-    def retry(self, job_id: int) -> dict[str, Any]:
+    def retry(self, job_id: int) -> JobRecord:
         """A new job from an ended job's spec (same run directory, so training resumes from its checkpoints),
         linked to it by `retry_of`. The ended job itself never changes. A daemon backend's job is retried by its
         daemon (which runs the new job as its own user, so only that user or root may)."""
@@ -260,15 +270,14 @@ class Client:
         if not job.state.is_terminal:
             raise JobStateError(f"job {job_id} is still {job.state}; wait for it or cancel it before retrying")
         if self.via_daemon and backend_info(job.backend).needs_daemon:
-            answer = self._ask_daemon({"op": "retry", "job_id": job_id})
+            answer = self._ask_daemon(RetryRequest(job_id), RecordReply)
             if answer is not None:
-                record: dict[str, Any] = answer["record"]
-                return record
+                return read_job_record(answer.record, "the daemon's reply")
         self._require_owner(job, "retry")
         spec = JobSpec.model_validate(job.spec).model_copy(update={"submit_key": uuid.uuid4().hex})
         return self.submit(spec, retry_of=job_id)
 
-    def set_priority(self, job_id: int, priority: int) -> dict[str, Any]:
+    def set_priority(self, job_id: int, priority: int) -> JobRecord:
         """Change a queued or running job's priority (it orders the daemon's queue). Only for jobs a clusterx daemon
         schedules: a polled backend's queue order is that backend's own."""
         job = self.store.get(job_id)
@@ -280,14 +289,13 @@ class Client:
                 "daemon schedules can change priority"
             )
         if self.via_daemon:
-            answer = self._ask_daemon({"op": "priority", "job_id": job_id, "priority": priority})
+            answer = self._ask_daemon(PriorityRequest(job_id, priority), RecordReply)
             if answer is not None:
-                record: dict[str, Any] = answer["record"]
-                return record
+                return read_job_record(answer.record, "the daemon's reply")
         self._require_owner(job, "change")
         return self.set_priority_here(job_id, priority, f"client:{self.user}")
 
-    def set_priority_here(self, job_id: int, priority: int, source: str) -> dict[str, Any]:
+    def set_priority_here(self, job_id: int, priority: int, source: str) -> JobRecord:
         """Change the priority in this process, the caller's right to do so already checked."""
         self.store.set_priority(job_id, priority, source)
         return self.describe(job_id, poll=False)
@@ -300,12 +308,12 @@ class Client:
         if self.user not in (job.user, user_name(ROOT_UID)):
             raise NotOwnerError(not_owner_message(job.id, job.user, action, self.user))
 
-    def _ask_daemon(self, request: dict[str, Any]) -> dict[str, Any] | None:
+    def _ask_daemon(self, request: Request, expected: type[R]) -> R | None:
         """The daemon's answer (a refusal raised as its error); None when no daemon can be asked."""
-        from clusterx.daemon.fastpath import Unreachable, request_daemon, unwrap  # noqa: PLC0415
+        from clusterx.daemon.fastpath import Unreachable, request_daemon  # noqa: PLC0415
 
-        answer = request_daemon(self.url, request)
-        return None if isinstance(answer, Unreachable) else unwrap(answer)
+        answer = request_daemon(self.url, request, expected)
+        return None if isinstance(answer, Unreachable) else answer
 
     def log_file(self, job_id: int, stream: str = "stdout", rank: int | None = None) -> Path:
         """The file holding a job's output: its stdout/stderr, or one rank's log (`rank`)."""

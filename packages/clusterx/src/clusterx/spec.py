@@ -187,14 +187,16 @@ class JobSpec(BaseModel):
             raise SpecError(describe_validation_error(exc, source)) from None
 
 
-def describe_validation_error(exc: ValidationError, source: str) -> str:
-    """One line per problem: '<source>: key <k>: <message>'."""
+def describe_validation_error(exc: ValidationError, source: str, model: type[BaseModel] = JobSpec) -> str:
+    """One line per problem of `model` (a JobSpec, a JobRecord): '<source>: key <k>: <message>'."""
     lines = []
     for error in exc.errors():
         key = ".".join(str(part) for part in error["loc"]) or "(top level)"
         message = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "extra_forbidden":
-            message = f"unknown key (known keys: {', '.join(sorted(JobSpec.model_fields))})"
+        if error["type"] == "extra_forbidden" and len(error["loc"]) == 1:
+            message = f"unknown key (known keys: {', '.join(sorted(model.model_fields))})"
+        elif error["type"] == "extra_forbidden":
+            message = "unknown key"
         elif error["type"] == "missing":
             message = "required key is missing"
         lines.append(f"{source}: key {key!r}: {message}")

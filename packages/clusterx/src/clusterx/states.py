@@ -37,9 +37,11 @@ TERMINAL_STATES = frozenset(
     }
 )
 
-# Order of the live states: a poll may only move a job forward, so a stale answer
-# (say, QUEUED arriving after RUNNING was recorded) never moves it back.
-_LIVE_ORDER = {JobState.PENDING: 0, JobState.QUEUED: 1, JobState.STARTING: 2, JobState.RUNNING: 3}
+# The states of a job that has not ended, in the order a job goes through them: the one list every package asks
+# (`clusterx cancel --all`, xtop's incremental reads). A poll may only move a job forward along it, so a stale
+# answer (say, QUEUED arriving after RUNNING was recorded) never moves it back.
+LIVE_STATES: tuple[JobState, ...] = (JobState.PENDING, JobState.QUEUED, JobState.STARTING, JobState.RUNNING)
+_LIVE_ORDER = {state: order for order, state in enumerate(LIVE_STATES)}
 
 
 def may_transition(current: JobState, new: JobState) -> bool:

@@ -411,8 +411,3 @@ def _upsert_attempt(session: Session, job: Job, fields: Mapping[str, Any]) -> No
         session.add(row)
     for key, value in fields.items():
         setattr(row, key, value)
-
-
-def iso(value: datetime | None) -> str | None:
-    """UTC timestamps in the job record: ISO 8601 with a 'Z'."""
-    return None if value is None else value.isoformat().replace("+00:00", "Z")

@@ -25,11 +25,14 @@ def _fail(message: str) -> None:
 
 
 def _job_run_dir(job_id: int) -> Path:
-    """The run directory of a clusterx job, from `clusterx describe ID --json` (clusterx's stable interface;
-    deeptrace never imports clusterx). The job database is clusterx's default or $CLUSTERX_DB."""
-    import json  # noqa: PLC0415  # lazy: keeps --help and light commands fast
-    import shutil  # noqa: PLC0415
+    """The run directory of a clusterx job, from `clusterx describe ID --json` read as a clusterx JobRecord. The
+    command, not clusterx's Client: it is the record's stable interface, and a clusterx newer than the one deeptrace
+    imports says so (a newer record version) instead of being misread. The job database is clusterx's default or
+    $CLUSTERX_DB."""
+    import shutil  # noqa: PLC0415  # lazy: keeps --help and light commands fast
     import subprocess  # noqa: PLC0415
+
+    from clusterx.record import JobRecordError, read_job_record  # noqa: PLC0415  # pydantic: only for --job
 
     beside = Path(sys.executable).parent / "clusterx"
     command = str(beside) if beside.is_file() else shutil.which("clusterx")
@@ -46,12 +49,12 @@ def _job_run_dir(job_id: int) -> Path:
         said = [line for line in result.stderr.strip().splitlines() if line.strip()]
         _fail(f"--job {job_id}: " + (said[-1] if said else f"clusterx describe exited with status {result.returncode}"))
     try:
-        run_dir = json.loads(result.stdout).get("run_dir")
-    except (ValueError, AttributeError):
-        _fail(f"--job {job_id}: clusterx describe printed no job record")
-    if not isinstance(run_dir, str) or not run_dir:
+        record = read_job_record(result.stdout, source=f"clusterx describe {job_id} --json")
+    except JobRecordError as err:
+        _fail(f"--job {job_id}: {err}")
+    if not record.run_dir:
         _fail(f"--job {job_id}: the job has no run directory")
-    return Path(run_dir)
+    return Path(record.run_dir)
 
 
 @main.command()

@@ -1,6 +1,7 @@
-"""The daemon's side of its socket (see clusterx.daemon.fastpath): a thread that accepts one JSON request per
-connection and answers it. The caller is identified by the socket's peer credentials (SO_PEERCRED: set by the
-kernel, not by the caller), and every request is checked by clusterx.ownership:
+"""The daemon's side of its socket (see clusterx.daemon.fastpath): a thread that accepts one request per connection
+(a typed message of clusterx.daemon.messages) and answers it; a line that is no request gets an ErrorReply. The
+caller is identified by the socket's peer credentials (SO_PEERCRED: set by the kernel, not by the caller), and every
+request is checked by clusterx.ownership:
 
 - `submit`, `retry`: root or the daemon's owner (it runs every job as itself);
 - `cancel`, `priority`: the job's owner, root, or the daemon's owner.
@@ -12,17 +13,28 @@ instead of a bare "permission denied"; the folder holding it (and the database) 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from clusterx.client import Client
 from clusterx.daemon.fastpath import peer_uid, read_line
+from clusterx.daemon.messages import (
+    CancelReply,
+    CancelRequest,
+    ErrorReply,
+    MessageError,
+    PriorityRequest,
+    RecordReply,
+    Reply,
+    Request,
+    RetryRequest,
+    SubmitRequest,
+    decode_request,
+    encode,
+)
 from clusterx.errors import ClusterxError, NotOwnerError
 from clusterx.ownership import may_change, not_owner_message, runner_only_message, user_name
 from clusterx.spec import JobSpec
@@ -64,60 +76,63 @@ class SubmitServer(threading.Thread):
                 return  # closed
             with conn:
                 conn.settimeout(REQUEST_TIMEOUT_S)
-                try:
-                    answer = self.answer(peer_uid(conn), json.loads(read_line(conn)))
-                except (OSError, ValueError) as exc:  # timed out, went away, or sent no JSON
-                    answer = {"ok": False, "error": f"bad request: {exc}"}
-                except Exception as exc:  # an unexpected failure must not kill the socket thread
-                    log.exception("socket: request failed")
-                    answer = {"ok": False, "error": f"the daemon failed: {exc}"}
+                answer = self._answer_line(conn)
                 # The caller may have gone away; what it asked for is in the database all the same.
                 with contextlib.suppress(OSError):
-                    conn.sendall(json.dumps(answer).encode() + b"\n")
+                    conn.sendall(encode(answer))
 
-    def answer(self, uid: int, request: dict[str, Any]) -> dict[str, Any]:
-        """One request from the process of `uid`; {"ok": true, ...} or {"ok": false, "error", "kind"}."""
-        ops: dict[str, Callable[[int, str, dict[str, Any]], dict[str, Any]]] = {
-            "submit": self._submit,
-            "retry": self._retry,
-            "cancel": self._cancel,
-            "priority": self._priority,
-        }
-        op = ops.get(str(request.get("op")))
-        if op is None:
-            return {"ok": False, "error": f"unknown request {request.get('op')!r}", "kind": "ClusterxError"}
+    def _answer_line(self, conn: socket.socket) -> Reply:
+        try:
+            return self.answer(peer_uid(conn), decode_request(read_line(conn)))
+        except MessageError as exc:  # not a request of clusterx.daemon.messages: the caller is told what is wrong
+            return ErrorReply(f"bad request: {exc}")
+        except OSError as exc:  # timed out or went away
+            return ErrorReply(f"bad request: {exc}")
+        except Exception as exc:  # an unexpected failure must not kill the socket thread
+            log.exception("socket: request failed")
+            return ErrorReply(f"the daemon failed: {exc}")
+
+    def answer(self, uid: int, request: Request) -> Reply:
+        """One request from the process of `uid`: its reply, or an ErrorReply naming the user error."""
         caller = user_name(uid)
         try:
-            return op(uid, caller, request)
+            match request:
+                case SubmitRequest():
+                    return self._submit(uid, caller, request)
+                case RetryRequest():
+                    return self._retry(uid, caller, request)
+                case CancelRequest():
+                    return self._cancel(uid, caller, request)
+                case PriorityRequest():
+                    return self._priority(uid, caller, request)
         except ClusterxError as exc:
             if isinstance(exc, NotOwnerError):
-                log.warning("refused %s from %s (uid %d): %s", request.get("op"), caller, uid, exc)
-            return {"ok": False, "error": str(exc), "kind": type(exc).__name__}
+                log.warning("refused %s from %s (uid %d): %s", request.OP, caller, uid, exc)
+            return ErrorReply(str(exc), type(exc).__name__)
 
     # -- requests -------------------------------------------------------------------------------------------------
-    def _submit(self, uid: int, caller: str, request: dict[str, Any]) -> dict[str, Any]:
+    def _submit(self, uid: int, caller: str, request: SubmitRequest) -> RecordReply:
         self._require_runner(uid, caller, "submit jobs")
-        client = self._client(request.get("runs_dir"))
-        spec = JobSpec.from_mapping(request["spec"], source=request.get("source", "spec"))
-        return {"ok": True, "record": client.submit(spec)}
+        client = self._client(request.runs_dir)
+        spec = JobSpec.from_mapping(request.spec, source=request.source)
+        return RecordReply.of(client.submit(spec))
 
-    def _retry(self, uid: int, caller: str, request: dict[str, Any]) -> dict[str, Any]:
+    def _retry(self, uid: int, caller: str, request: RetryRequest) -> RecordReply:
         self._require_runner(uid, caller, "retry jobs")
-        return {"ok": True, "record": self._client(None).retry(int(request["job_id"]))}
+        return RecordReply.of(self._client(None).retry(request.job_id))
 
-    def _cancel(self, uid: int, caller: str, request: dict[str, Any]) -> dict[str, Any]:
+    def _cancel(self, uid: int, caller: str, request: CancelRequest) -> CancelReply:
         client = self._client(None)
-        job_ids = [int(job_id) for job_id in request["job_ids"]]
-        for job_id in job_ids:  # all checked before any is cancelled
+        for job_id in request.job_ids:  # all checked before any is cancelled
             self._require_owner(uid, caller, job_id, "cancel")
-        states = {str(job_id): client.cancel_here([job_id], source=f"{SOURCE}:{caller}")[job_id] for job_id in job_ids}
-        return {"ok": True, "states": states}
+        source = f"{SOURCE}:{caller}"
+        states = {str(job_id): client.cancel_here([job_id], source=source)[job_id].value for job_id in request.job_ids}
+        return CancelReply(states)
 
-    def _priority(self, uid: int, caller: str, request: dict[str, Any]) -> dict[str, Any]:
-        job_id = int(request["job_id"])
-        self._require_owner(uid, caller, job_id, "change")
+    def _priority(self, uid: int, caller: str, request: PriorityRequest) -> RecordReply:
+        self._require_owner(uid, caller, request.job_id, "change")
         client = self._client(None)
-        return {"ok": True, "record": client.set_priority_here(job_id, int(request["priority"]), f"{SOURCE}:{caller}")}
+        return RecordReply.of(client.set_priority_here(request.job_id, request.priority, f"{SOURCE}:{caller}"))
 
     # -- checks ---------------------------------------------------------------------------------------------------
     def _require_runner(self, uid: int, caller: str, action: str) -> None:

@@ -11,12 +11,12 @@ kernel: it cannot be forged); see clusterx.daemon.api for what each user may ask
 
 When the daemon cannot be reached, the caller submits in-process. That is the normal way when no daemon runs
 (the first submit starts it); when one runs but did not answer, `Unreachable.daemon_pid` says so and the command
-line warns, because that submit is slow for a reason the user should know.
+line warns, because that submit is slow for a reason the user should know. The messages themselves are the
+typed ones of clusterx.daemon.messages.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import struct
@@ -25,8 +25,18 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from clusterx.daemon.messages import (
+    ErrorReply,
+    MessageError,
+    R,
+    RecordReply,
+    Request,
+    SubmitRequest,
+    decode_reply,
+    encode,
+)
 from clusterx.paths import lock_path
 
 UNIX_PATH_MAX = 100  # sun_path holds 108 bytes on Linux; keep a margin
@@ -50,10 +60,11 @@ class Unreachable:
     daemon_pid: int | None = None
 
 
-def request_daemon(url: str, request: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any] | Unreachable:
-    """The daemon's answer to one request ({"ok": ..., ...}), or why it could not be asked."""
+def request_daemon(url: str, request: Request, expected: type[R], timeout_s: float = 30.0) -> R | Unreachable:
+    """The daemon's answer to one request, or why it could not be asked. A refusal is raised as the error the
+    daemon raised (NotOwnerError, JobNotFoundError, ...), with its message."""
     path = socket_path(url)
-    answer = _ask(path, request, timeout_s) if path.exists() else Unreachable("gone")
+    answer = _ask(path, request, expected, timeout_s) if path.exists() else Unreachable("gone")
     if not isinstance(answer, Unreachable):
         return answer
     # The slow paths only: `control` imports subprocess, a cost the quick way does not pay.
@@ -66,7 +77,7 @@ def request_daemon(url: str, request: dict[str, Any], timeout_s: float = 30.0) -
         if pid is None:
             return Unreachable("no daemon runs")
         if path.exists():
-            answer = _ask(path, request, timeout_s)
+            answer = _ask(path, request, expected, timeout_s)
             if not isinstance(answer, Unreachable):
                 return answer
     # A daemon that wrote its pid listens already: a missing socket was removed under it.
@@ -74,53 +85,50 @@ def request_daemon(url: str, request: dict[str, Any], timeout_s: float = 30.0) -
     return Unreachable(reason, daemon_pid(url))
 
 
-def _ask(path: Path, request: dict[str, Any], timeout_s: float) -> dict[str, Any] | Unreachable:
+def _ask(path: Path, request: Request, expected: type[R], timeout_s: float) -> R | Unreachable:
     """One round trip; Unreachable("gone") when the socket vanished before the connect (a daemon that exited)."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout_s)
             sock.connect(str(path))
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            reply = read_line(sock)
+            sock.sendall(encode(request))
+            line = read_line(sock)
     except FileNotFoundError:
         return Unreachable("gone")
     except TimeoutError:
         return Unreachable(f"it did not answer on {path} within {timeout_s:g} s")
     except OSError as exc:  # refused (a stale socket of a daemon that died), reset, permission denied
         return Unreachable(f"{path}: {exc.strerror or exc}")
-    if not reply:
+    if not line:
         return Unreachable(f"it closed {path} without an answer")
-    answer: dict[str, Any] = json.loads(reply)
-    return answer
+    try:
+        reply = decode_reply(line, expected)
+    except MessageError as exc:  # a daemon of another version: the caller does the work itself, as without one
+        return Unreachable(f"its answer on {path} was not understood: {exc}")
+    if isinstance(reply, ErrorReply):
+        raise_refusal(reply)
+    return reply
 
 
 def submit_via_daemon(
     url: str, mapping: dict[str, Any], source: str, runs_dir: str | None, timeout_s: float = 30.0
-) -> dict[str, Any] | Unreachable:
+) -> RecordReply | Unreachable:
     """The new job's record, or why the daemon could not take it (the caller then submits in-process).
     A user error found by the daemon comes back as ClusterxError with the daemon's message.
 
     `mapping` must carry a submit_key: a submit that falls back after a timeout then returns the job the daemon
     may have stored meanwhile instead of storing it twice."""
-    request = {"op": "submit", "spec": mapping, "source": source, "runs_dir": runs_dir}
-    answer = request_daemon(url, request, timeout_s)
-    if isinstance(answer, Unreachable):
-        return answer
-    record: dict[str, Any] = unwrap(answer)["record"]
-    return record
+    return request_daemon(url, SubmitRequest(mapping, source, runs_dir), RecordReply, timeout_s)
 
 
-def unwrap(answer: dict[str, Any]) -> dict[str, Any]:
-    """The answer of a request that went through; a refusal raised as the error the daemon raised (NotOwnerError,
-    JobNotFoundError, ...), with its message."""
-    if not answer.get("ok"):
-        from clusterx import errors  # noqa: PLC0415 (only on errors)
+def raise_refusal(reply: ErrorReply) -> NoReturn:
+    """Raise a refusal as the error the daemon raised (NotOwnerError, JobNotFoundError, ...), with its message."""
+    from clusterx import errors  # noqa: PLC0415 (only on errors)
 
-        kind = getattr(errors, str(answer.get("kind")), errors.ClusterxError)
-        if not (isinstance(kind, type) and issubclass(kind, errors.ClusterxError)):
-            kind = errors.ClusterxError
-        raise kind(answer.get("error", "the daemon refused the request"))
-    return answer
+    kind = getattr(errors, reply.kind, errors.ClusterxError)
+    if not (isinstance(kind, type) and issubclass(kind, errors.ClusterxError)):
+        kind = errors.ClusterxError
+    raise kind(reply.error)
 
 
 def read_line(sock: socket.socket) -> bytes:
