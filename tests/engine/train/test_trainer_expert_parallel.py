@@ -1,5 +1,6 @@
-"""Expert parallelism through ``xtrain train``'s trainer (fp32, CPU, gloo): ep_size 2 on 2 processes and 4 on 4
-train like ep_size 1 on as many processes (losses and weights within 1e-5), and so do Domino slices and
+"""Expert parallelism through ``xtrain train``'s trainer (fp32, CPU, gloo): ep_size 2 on 2 processes, 4 on 4 and
+ep_size 2 inside HSDP replicas (replicate 2) on 4 train like ep_size 1 on as many processes (losses, gradient
+norms and weights within 1e-5), and so do Domino slices and
 checkpointing + offload on top; a checkpoint saved at one ep_size resumes at another, continuing the uninterrupted
 run's losses and packs; the all-to-alls are in the deeptrace trace as COMM spans.
 
@@ -128,15 +129,19 @@ def test_ep2_domino_memory_and_resume_across_ep_sizes_on_two_processes(tmp_path:
         assert not any(name.startswith("all_to_all") for name in _exchange_spans(tmp_path / "ep1", rank))
 
 
-def test_ep4_on_four_processes_trains_like_ep1(tmp_path: Path) -> None:
-    # One pack per rank; ep 2 on four processes: each expert group is FSDP-sharded over two ranks.
+def test_ep4_and_ep_inside_hsdp_replicas_on_four_processes_train_like_ep1(tmp_path: Path) -> None:
+    # One pack per rank; ep 2 on four processes: each expert group is FSDP-sharded over two ranks. replicate 2 ×
+    # ep 2: two replicas, the experts split over the two ranks of each, their gradients all-reduced across the
+    # replicas (HSDP) like every other parameter's; HSDP without EP for comparison.
     base = _settings(tmp_path / "cache")
     runs: list[Run] = [
         ("ep1", base, "none"),
         ("ep4", (*base, "parallel.ep_size=4", "parallel.domino_slices=2"), "none"),
         ("ep2", (*base, "parallel.ep_size=2"), "none"),
+        ("hsdp", (*base, "parallel.replicate=2"), "none"),
+        ("hsdp-ep2", (*base, "parallel.replicate=2", "parallel.ep_size=2"), "none"),
     ]
     weights = _run_all(4, runs, tmp_path)
-    for name in ("ep4", "ep2"):
+    for name in ("ep4", "ep2", "hsdp", "hsdp-ep2"):
         _assert_same_losses(tmp_path / name, tmp_path / "ep1", range(1, 4))
         _assert_same_weights(weights[name], weights["ep1"], name)

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+# Private, as there is no public way to clear these caches (see _forget_mesh_caches).
+from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_redistribute_planner_cache
+from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
 
 @dataclass(frozen=True)
 class Distributed:
@@ -64,8 +68,21 @@ def init_distributed(device_type: str | None = None) -> Distributed:
 
 
 def close_distributed() -> None:
+    """End the process group, and forget what DTensor cached about its meshes, so that a later process group in
+    this process (tests run several jobs in one set of processes) starts clean."""
     if dist.is_initialized():
         dist.destroy_process_group()
+    _forget_mesh_caches()
+
+
+def _forget_mesh_caches() -> None:
+    # DTensor caches sharding propagation and redistribution plans by spec, and a DeviceMesh compares equal to a
+    # mesh of the same shape and dimension names from an earlier process group: a later job would get back specs
+    # holding the old mesh, whose communicator names now mean other groups (seen: an EP job after another EP job
+    # whose ep dimension had the same shape gathered its experts over a one-rank group).
+    _clear_sharding_prop_cache()  # type: ignore[no-untyped-call]  # torch leaves it untyped
+    _gen_transform_infos.cache_clear()
+    clear_redistribute_planner_cache()
 
 
 def barrier() -> None:

@@ -226,7 +226,8 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> Tensor:
     the norm is not finite the gradients become non-finite too, and the step that follows is skipped and drops
     them, so nothing has to be read to choose."""
     # One group per device mesh: under expert parallelism the experts and the rest are sharded on different
-    # meshes, which one DTensor op cannot mix. Each group's norm is summed over the ranks holding its shards.
+    # meshes, which one DTensor op cannot mix. Each group's norm is summed over the ranks holding its shards only:
+    # a replicated mesh dimension (HSDP's replicas) holds copies, so each parameter is counted once.
     by_mesh: dict[object, list[nn.Parameter]] = {}
     for param in parameters:
         if param.grad is not None:
