@@ -114,9 +114,21 @@ def test_figures_match_an_independent_reference(analysis: RunAnalysis, rank: int
 
 def test_gloo_collectives_match_across_ranks_by_order(analysis: RunAnalysis) -> None:
     assert sorted(analysis.ranks) == [0, 1]
-    # 24 all-gathers and 17 all-reduces (gloo's reduce-scatter and the gradient norm) in the step, on both ranks.
+    # 24 all-gathers and 17 gloo all-reduces (12 of them FSDP2's reduce-scatters, 5 the gradient norm's and the
+    # loss's) in the step, on both ranks.
     assert analysis.matched_by == {"seq": 0, "order": 41}
-    assert {label["group"] for label in analysis.skew.labels} == {"gloo:all_gather", "gloo:all_reduce"}
+    groups = {label["group"] for label in analysis.skew.labels}
+    assert groups == {"gloo:all_gather", "gloo:reduce_scatter", "gloo:all_reduce"}
     # Both ranks ran on one host: the clocks agree, so matched collectives end together (offset well under 1 ms).
     assert abs(analysis.offsets_ns[1]) < 1_000_000
     assert not any("could not be matched" in w for w in analysis.warnings)
+
+
+def test_reduce_scatters_that_gloo_runs_as_all_reduces_count_as_reduce_scatters(analysis: RunAnalysis) -> None:
+    """gloo runs FSDP2's reduce_scatter_tensor as an all-reduce (`c10d::_reduce_scatter_base_` issues a
+    `gloo:all_reduce`): the per-kind exposure counts it as the reduce-scatter it is."""
+    for result in analysis.ranks.values():
+        assert result.kinds is not None
+        counts = {kind: figures.count for kind, figures in result.kinds.kinds.items()}
+        assert counts == {"all_gather": 24, "reduce_scatter": 12, "all_reduce": 5}
+        assert result.kinds.kinds["reduce_scatter"].exposed_ns > 0

@@ -2,7 +2,8 @@
 
 Read in a second streaming pass, only for traces without GPU events (so GPU traces pay nothing for it). Kept
 per complete ("X") CPU operator and user annotation: start, end, thread and a kind code (below); per CPU
-collective (`gloo:*` annotations) also its name; per `ProfilerStep#N` its window. Python function events
+collective (`gloo:*` annotations) and per operator of torch.distributed (`c10d::*`) also its name; per
+`ProfilerStep#N` its window. Python function events
 (`python_function`, recorded with `with_stack`) are not kept: they wrap whole call stacks, waits included, and
 say nothing about whether the thread computes.
 """
@@ -44,7 +45,7 @@ class CpuEvents:
     end_ns: npt.NDArray[np.int64]
     thread: npt.NDArray[np.int32]  # index into `threads`
     kind: npt.NDArray[np.int8]
-    name_id: npt.NDArray[np.int32]  # index into `names` for COLLECTIVE events, -1 otherwise
+    name_id: npt.NDArray[np.int32]  # index into `names` for COLLECTIVE and COLLECTIVE_OP events, -1 otherwise
     threads: list[tuple[Any, Any]]  # (pid, tid)
     thread_names: dict[tuple[Any, Any], str]
     names: list[str]
@@ -93,7 +94,7 @@ class _Collecting:
         elif cat == "user_annotation":
             kind, name_id = ANNOTATION, -1
         elif COLLECTIVE_OP_NAME.match(name):
-            kind, name_id = COLLECTIVE_OP, -1
+            kind, name_id = COLLECTIVE_OP, self.names(name)  # named: it says what the backend's collective is for
         else:
             kind, name_id = OP, -1
             self.op_time[thread] += dur
