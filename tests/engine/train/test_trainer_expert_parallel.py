@@ -2,7 +2,8 @@
 ep_size 2 inside HSDP replicas (replicate 2) on 4 train like ep_size 1 on as many processes (losses, gradient
 norms and weights within 1e-5), and so do Domino slices and
 checkpointing + offload on top; a checkpoint saved at one ep_size resumes at another, continuing the uninterrupted
-run's losses and packs; the all-to-alls are in the deeptrace trace as COMM spans.
+run's losses and packs (one saved under replicate 2 × ep 2 too); the all-to-alls are in the deeptrace trace as COMM
+spans.
 
 Several runs share one set of processes (the trainer starts and ends its process group each time): spawning and
 importing costs seconds per process on two cores.
@@ -132,16 +133,22 @@ def test_ep2_domino_memory_and_resume_across_ep_sizes_on_two_processes(tmp_path:
 def test_ep4_and_ep_inside_hsdp_replicas_on_four_processes_train_like_ep1(tmp_path: Path) -> None:
     # One pack per rank; ep 2 on four processes: each expert group is FSDP-sharded over two ranks. replicate 2 ×
     # ep 2: two replicas, the experts split over the two ranks of each, their gradients all-reduced across the
-    # replicas (HSDP) like every other parameter's; HSDP without EP for comparison.
+    # replicas (HSDP) like every other parameter's; HSDP without EP for comparison. Its checkpoint at step 2
+    # resumes on plain FSDP (ep 1) as step 3 of the uninterrupted run.
     base = _settings(tmp_path / "cache")
+    hsdp_ep2 = (*base, "parallel.replicate=2", "parallel.ep_size=2", "checkpoint.every_steps=2")
     runs: list[Run] = [
         ("ep1", base, "none"),
         ("ep4", (*base, "parallel.ep_size=4", "parallel.domino_slices=2"), "none"),
         ("ep2", (*base, "parallel.ep_size=2"), "none"),
         ("hsdp", (*base, "parallel.replicate=2"), "none"),
-        ("hsdp-ep2", (*base, "parallel.replicate=2", "parallel.ep_size=2"), "none"),
+        ("hsdp-ep2", hsdp_ep2, "none"),
+        ("hsdp-ep2-to-ep1", base, str(tmp_path / "hsdp-ep2" / "checkpoints" / "step-2")),
     ]
     weights = _run_all(4, runs, tmp_path)
     for name in ("ep4", "ep2", "hsdp", "hsdp-ep2"):
         _assert_same_losses(tmp_path / name, tmp_path / "ep1", range(1, 4))
         _assert_same_weights(weights[name], weights["ep1"], name)
+    _assert_same_losses(tmp_path / "hsdp-ep2-to-ep1", tmp_path / "hsdp-ep2", range(3, 4))
+    assert metrics(tmp_path / "hsdp-ep2-to-ep1")[0]["resumed_from_step"] == 2
+    _assert_same_weights(weights["hsdp-ep2-to-ep1"], weights["hsdp-ep2"], "hsdp-ep2-to-ep1")
