@@ -165,6 +165,12 @@ class TraceSection(_Section):
     """Record deeptrace spans (data, forward, backward, optimizer) and collectives per rank."""
     profile_steps: list[int] = Field(default_factory=list)
     """Steps to record with the PyTorch profiler (Kineto traces in RUN_DIR/profiler/)."""
+    memory: bool = False
+    """Record per rank and step, in ranks/rank-R.jsonl, the exact peak of tensor bytes on the device
+    (``mem_tensor_peak_bytes``: CUDA allocator statistics; on the CPU the profiler's memory events, so not on the
+    steps the Kineto profiler of ``profile_steps`` records) and the bytes sent per collective kind and link
+    (``comm_bytes``, counted as ``xtrain plan`` counts them). Slower steps (every op passes a Python dispatch
+    mode; compiled layers run eagerly); off, nothing changes."""
 
 
 class CheckpointSection(_Section):
@@ -193,6 +199,20 @@ class CheckpointSection(_Section):
         return self
 
 
+class PlanSection(_Section):
+    """``[plan]``: the cluster a config is sized for, which ``xtrain plan`` uses when no flag says otherwise.
+    ``xtrain train`` ignores it (a run's size is the processes it is started with)."""
+
+    gpus: int | None = Field(default=None, gt=0)
+    """Devices of the whole job."""
+    gpus_per_node: int | None = Field(default=None, gt=0)
+    device: str | None = None
+    """One of h100, h200, h800, a100, b200, cpu (``xtrain plan --device``)."""
+    model_size: str | None = None
+    """A named size (``xtrain info --model``) with the shapes of ``model.hf_path``, for planning where that folder
+    is not on this machine; the folder's config.json wins when it is."""
+
+
 class TrainConfig(_Section):
     """A whole training run: the sections of CONFIG.toml."""
 
@@ -205,6 +225,7 @@ class TrainConfig(_Section):
     memory: MemorySection = MemorySection()
     trace: TraceSection = TraceSection()
     checkpoint: CheckpointSection = CheckpointSection()
+    plan: PlanSection = PlanSection()
 
 
 # Keys holding paths, as (section, key); data.sources[*].path is handled beside them.

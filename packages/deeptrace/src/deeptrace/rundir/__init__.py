@@ -25,13 +25,14 @@ from deeptrace.rundir.readers import (
     read_rank_records,
 )
 from deeptrace.rundir.records import ClockRef, CollectiveMark, Heartbeat, PhaseMark, RankClock, RunMeta, SpanMark
-from deeptrace.rundir.step_records import RankStepRecord, StepRecord
+from deeptrace.rundir.step_records import CommLinkBytes, RankStepRecord, StepRecord
 from deeptrace.rundir.writer import RunDirectoryError, RunWriter
 
 __all__ = [
     "FORMAT_VERSION",
     "ClockRef",
     "CollectiveMark",
+    "CommLinkBytes",
     "Heartbeat",
     "JsonlFollower",
     "PhaseMark",

@@ -111,6 +111,17 @@ class StepRecord(_LineRecord):
     resumed_from_world_size: int | None = None
 
 
+class CommLinkBytes(BaseModel):
+    """Bytes a rank sent in one kind of collective during a step, by link (``RankStepRecord.comm_bytes``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    intra: int
+    """To ranks on the rank's own node."""
+    inter: int
+    """To ranks on other nodes."""
+
+
 class RankStepRecord(_LineRecord):
     """ranks/rank-{R}.jsonl: one step of rank R. Memory figures are of one measure family per device (the peak
     is the high-water mark of the allocated figure, never below it)."""
@@ -127,3 +138,8 @@ class RankStepRecord(_LineRecord):
     attention_cost: int | None = None
     """Σ L(L+1)/2 over the documents of this rank's packs: its attention work."""
     checkpoint_stall_s: float | None = None
+    mem_tensor_peak_bytes: int | None = None
+    """The step's exact peak of bytes held by tensors on the rank's device (a trainer's memory trace)."""
+    comm_bytes: dict[str, CommLinkBytes] | None = None
+    """Bytes the rank sent during the step per collective kind (``all_gather``, ``reduce_scatter``,
+    ``all_reduce``, ``all_to_all``), by link (a trainer's memory trace)."""

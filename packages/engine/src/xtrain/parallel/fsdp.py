@@ -48,6 +48,8 @@ from xtrain.model.moe import MoEBlock
 from xtrain.model.transformer import Transformer
 
 FORWARD_METHODS = ("forward_hidden", "forward_with_head")
+REDUCE_DTYPE = torch.float32
+"""The dtype gradients are reduced in (``apply_fsdp``'s default; the planner counts with it)."""
 EXPERT_FORWARD_METHODS = ("forward_slices",)
 
 
@@ -56,7 +58,7 @@ def apply_fsdp(
     mesh: DeviceMesh,
     *,
     param_dtype: torch.dtype,
-    reduce_dtype: torch.dtype = torch.float32,
+    reduce_dtype: torch.dtype = REDUCE_DTYPE,
     reshard_after_forward: bool = True,
     prefetch: bool = True,
     expert_mesh: DeviceMesh | None = None,

@@ -25,8 +25,12 @@ from xtrain.config import TrainConfig
 from xtrain.parallel.distributed import Distributed
 
 # Kineto's informational lines: LEVEL:YYYY-MM-DD HH:MM:SS PID:TID File.cpp:LINE] text. WARNING and ERROR lines
-# are not matched: they go on to the terminal.
-_KINETO_NOTICE = re.compile(rb"^(?:USDT|INFO|STAGE|VERBOSE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+:\d+\] ")
+# are not matched: they go on to the terminal. Also the CPU allocator's notice, under a memory profile, that a
+# tensor allocated before profiling was freed (``trace.memory``: expected, the measure accounts for it).
+_KINETO_NOTICE = re.compile(
+    rb"^(?:(?:USDT|INFO|STAGE|VERBOSE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+:\d+\] "
+    rb"|\[W\d{4} [\d:.]+ CPUAllocator\.cpp:\d+\] Memory block of unknown size)"
+)
 
 
 @contextlib.contextmanager
@@ -79,6 +83,12 @@ class _QuietProfile(torch.profiler.profile):
     def stop(self) -> None:
         with kineto_notices_to(self._log_path):
             super().stop()
+
+
+def profiled_steps(config: TrainConfig) -> range:
+    """The steps during which the Kineto profiler of ``trace.profile_steps`` runs (its warm-up step included)."""
+    steps = sorted(set(config.trace.profile_steps))
+    return range(max(steps[0] - 1, 1), steps[-1] + 1) if steps else range(0)
 
 
 @contextlib.contextmanager

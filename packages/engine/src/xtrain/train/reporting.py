@@ -14,12 +14,13 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
-from deeptrace.rundir import RankStepRecord, RunWriter, StepRecord
+from deeptrace.rundir import CommLinkBytes, RankStepRecord, RunWriter, StepRecord
 
 from xtrain.data import Pack
 from xtrain.data.balance import pack_cost
 from xtrain.model.config import ModelConfig
 from xtrain.model.flops import training_flops_per_token
+from xtrain.train.measure import StepMeasure
 from xtrain.train.metrics import MemoryFigures, mfu
 from xtrain.train.progress import ProgressLine
 from xtrain.train.step import StepResult
@@ -66,6 +67,8 @@ class StepFacts:
     """When the step saved: how long the loop waited for it."""
     resumed: Resumed | None = None
     """Where the run came from, on the first record after a resume (or after starting over)."""
+    measured: StepMeasure | None = None
+    """With ``trace.memory``: the step's tensor peak and the bytes this rank sent."""
 
 
 class StepReporter:
@@ -113,6 +116,7 @@ class StepReporter:
 
 
 def rank_record(facts: StepFacts, rank: int) -> RankStepRecord:
+    measured = facts.measured
     return RankStepRecord(
         step=facts.step,
         rank=rank,
@@ -125,7 +129,13 @@ def rank_record(facts: StepFacts, rank: int) -> RankStepRecord:
         mem_allocated_bytes=facts.memory.allocated,
         mem_peak_bytes=facts.memory.peak,
         mem_reserved_bytes=facts.memory.reserved,
+        mem_tensor_peak_bytes=measured.tensor_peak_bytes if measured is not None else None,
+        comm_bytes=None if measured is None else _comm_bytes(measured),
     )
+
+
+def _comm_bytes(measured: StepMeasure) -> dict[str, CommLinkBytes]:
+    return {kind: CommLinkBytes(intra=sent.intra, inter=sent.inter) for kind, sent in measured.comm_bytes.items()}
 
 
 def step_record(facts: StepFacts, figures: RunFigures) -> StepRecord:

@@ -49,13 +49,14 @@ from xtrain.train.checkpoint.resume import decide_on_all_ranks, restore
 from xtrain.train.checkpoint.saver import Checkpointer, RunIdentity
 from xtrain.train.launch import check_world_size
 from xtrain.train.logs import setup_logging
+from xtrain.train.measure import StepMeasure, measure_step
 from xtrain.train.metrics import device_peak_flops, memory_figures
 from xtrain.train.optimizer import build_optimizer
-from xtrain.train.profiler import kineto_profiler
+from xtrain.train.profiler import kineto_profiler, profiled_steps
 from xtrain.train.progress import ProgressLine
 from xtrain.train.reporting import Resumed, RunFigures, StepFacts, StepReporter
 from xtrain.train.schedule import build_scheduler
-from xtrain.train.step import GlobalBatch, MicroBatch, train_step
+from xtrain.train.step import GlobalBatch, MicroBatch, StepResult, train_step
 
 log = logging.getLogger("xtrain")
 
@@ -128,6 +129,7 @@ class Trainer:
         self.config, self.run_dir, self.dist, self.writer, self.collector = config, run_dir, dist_ctx, writer, collector
         self.model_cfg = resolve_model_config(config)
         torch.manual_seed(config.train.seed)
+        self.layout = parallel_layout
         self.model = build_model(config, self.model_cfg, dist_ctx, parallel_layout, collector)
         self.dtype = compute_dtype(config, dist_ctx.device)
         self.settings = loss_settings(config, self.model_cfg, self.dtype, dist_ctx.device)
@@ -198,16 +200,7 @@ class Trainer:
             micro_batches = [MicroBatch.from_pack(pack, self.dist.device) for pack in mine]
         data_wait = time.perf_counter() - step_started
         lr = float(self.scheduler.get_last_lr()[0])  # a Python float: LambdaLR computes it on the host
-        optimizer = self.parts.optimizer.optimizer
-        result = train_step(
-            self.model,
-            optimizer,
-            micro_batches,
-            GlobalBatch.of(packs),
-            self.settings,
-            dp_size=world,
-            collector=collector,
-        )
+        result, measured = self._train_step(step, micro_batches, GlobalBatch.of(packs))
         self.scheduler.step()
         self.parts.counters.record_step(result.skipped)
         step_time = time.perf_counter() - step_started
@@ -232,6 +225,33 @@ class Trainer:
             memory=memory_figures(self.dist.device),
             checkpoint_stall_s=stall,
             resumed=resumed,
+            measured=measured,
+        )
+
+    def _train_step(
+        self, step: int, micro_batches: list[MicroBatch], global_batch: GlobalBatch
+    ) -> tuple[StepResult, StepMeasure | None]:
+        """The optimizer step; with ``trace.memory``, measured (its tensor peak and the bytes it sent)."""
+
+        def run() -> StepResult:
+            return train_step(
+                self.model,
+                self.parts.optimizer.optimizer,
+                micro_batches,
+                global_batch,
+                self.settings,
+                dp_size=self.dist.world_size,
+                collector=self.collector,
+            )
+
+        if not self.config.trace.memory:
+            return run(), None
+        return measure_step(
+            run,
+            self.dist.device,
+            self.layout.processes_per_node,
+            log_path=layout.log_path(self.run_dir, self.dist.rank),
+            profiler_running=step in profiled_steps(self.config),
         )
 
     def _check_skips(self, facts: StepFacts) -> None:

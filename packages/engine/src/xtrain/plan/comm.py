@@ -1,0 +1,219 @@
+"""The bytes one rank sends in one optimizer step, per collective kind, split into links inside its node and
+links between nodes: what xtrain's training step issues, counted from the model, the config and the layout.
+
+What a rank "sends" in each kind of collective, and which link a byte takes, is the convention of
+:mod:`xtrain.parallel.comm_volume` (ring all-gather: (n - 1)·input; ring reduce-scatter: (n - 1)/n of the input;
+all-reduce: 2(n - 1)/n of the tensor; all-to-all: the rows sent to other ranks, not those a rank keeps; every
+piece counted on the link to the peer it is for, inside the node when that peer's ``rank // processes_per_node``
+is this rank's). ``trace.memory = true`` makes ``xtrain train`` count the collectives it actually issues with the
+same functions (``comm_bytes`` in ranks/rank-R.jsonl), which is how this model is tested.
+
+What one step issues, per micro-batch (``train.global_batch / world_size`` of them, one pack of ``pack_tokens``
+each), for the FSDP groups of :func:`xtrain.plan.shapes.fsdp_groups` (those of ``xtrain.parallel.fsdp``):
+
+- **all-gather** of each group's padded shard (dim 0, or the experts' dim 1, padded to a multiple of the group's
+  ranks) in ``param_dtype``, over its shard ranks: once in forward, and once more in backward for a group that
+  is resharded after forward (every decoder layer but the last when ``parallel.reshard_after_forward``, the root
+  then too, and the embedding always; the head group stays gathered). Prefetch changes when, not how much, with
+  one exception, which the plan counts because the trainer pays it: in a model with MoE layers and an untied
+  head, each layer's router statistics are outputs of the layer, of the root and of the head group, and FSDP
+  runs a group's pre-backward hook for every output gradient that arrives. The statistics' gradients arrive
+  after the head group's reduce-scatter, so the head group is gathered a third time (its parameters get no more
+  gradient), and, when an MoE layer comes before the last one, its hook's explicit prefetch of the last layer
+  gathers that layer once more after its reduce-scatter as well (each once per micro-batch; the root's
+  post-backward callback reshards both);
+- **reduce-scatter** of each group's gradients, ranks × the padded shard in ``reduce_dtype`` (fp32), over the
+  same ranks: once per micro-batch (the step does not turn gradient sync off between micro-batches);
+- **all-reduce** under HSDP (``parallel.replicate`` > 1): each group's reduced shard across the replicas, once
+  per micro-batch; and the step's own: under MoE the router's counts per micro-batch ([MoE layers, E] float64
+  over all ranks), then at the update the two logged losses (float64), the router's probability sums ([MoE
+  layers, E] float64) and the gradient norm (DTensor's: per mesh, one element per gradient, in the gradients'
+  dtype, all-reduced over the dimensions the mesh shards over: the replica group, for the dense parameters as
+  for the experts, whose fsdp × ep dimensions are reduced together);
+- **all-to-all** under expert parallelism, per MoE layer: the split sizes ([ep, domino_slices, E/ep] int64, one
+  row to each rank of the ep group) and the token rows: dispatched (D + 1 columns: the routing weight travels
+  as a column) and combined (D columns), and the gradients of both in backward, in ``param_dtype``. Routing
+  depends on the data: the plan takes its expectation under uniform routing (each of a token's K slots goes to
+  each ep rank with probability 1/ep, and each rank receives as many rows as it sends), so a step's measured
+  figure differs by how unbalanced that step's routing was. Recomputing a checkpointed layer replays its
+  exchanges and sends nothing.
+
+Not counted: checkpoint saves, the data pipeline's start-up, and collectives of other kinds (barriers,
+broadcasts), as the measurement does not count them either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from xtrain.config import TrainConfig
+from xtrain.model.config import ModelConfig
+from xtrain.model.moe import MoEBlock
+from xtrain.parallel.comm_volume import (
+    KINDS,
+    NOTHING,
+    LinkBytes,
+    all_gather_bytes,
+    all_reduce_bytes,
+    all_to_all_bytes,
+    reduce_scatter_bytes,
+)
+from xtrain.parallel.fsdp import REDUCE_DTYPE
+from xtrain.parallel.layout import ParallelLayout
+from xtrain.plan.shapes import FsdpGroup, fsdp_groups, meta_model
+
+__all__ = ["KINDS", "LinkBytes", "RankGroups", "comm_bytes_per_step"]
+
+_COUNT_BYTES = 8  # the router's counts and probability sums are float64, the split sizes int64
+_LOSS_BYTES = 2 * 8  # the step's logged [cross-entropy, z-loss], float64
+
+
+def comm_bytes_per_step(
+    config: TrainConfig,
+    model: ModelConfig,
+    layout: ParallelLayout,
+    pack_tokens: int | None = None,
+    micro_batches: int | None = None,
+    *,
+    rank: int = 0,
+    device_type: str = "cuda",
+) -> dict[str, LinkBytes]:
+    """Bytes ``rank`` sends in one optimizer step, per kind of :data:`KINDS` (see the module docstring).
+
+    ``pack_tokens`` and ``micro_batches`` default to ``data.pack_tokens`` and ``train.global_batch /
+    world_size``; ``device_type`` decides ``parallel.mixed_precision = "auto"`` as the trainer does (bf16 on
+    CUDA, fp32 on the CPU)."""
+    from xtrain.train.build import compute_dtype  # noqa: PLC0415 (the trainer's rule; heavy to import)
+
+    tokens = config.data.pack_tokens if pack_tokens is None else pack_tokens
+    micro = config.train.global_batch // layout.world_size if micro_batches is None else micro_batches
+    param_bytes = compute_dtype(config, torch.device(device_type)).itemsize
+    ranks = RankGroups(layout, rank)
+    net = meta_model(model)
+    groups = fsdp_groups(model, layout, reshard_after_forward=config.parallel.reshard_after_forward)
+    blocks = [module for module in net.modules() if isinstance(module, MoEBlock)]
+    per_micro = _fsdp(groups, ranks, param_bytes, _regathered(groups, model, prefetch=config.parallel.prefetch))
+    counts = sum(block.config.num_experts for block in blocks) * _COUNT_BYTES
+    if blocks:
+        per_micro["all_reduce"] += ranks.sent("all_reduce", counts, ranks.world)
+    if layout.expert_parallel:
+        per_micro["all_to_all"] = _exchanges(
+            blocks,
+            ranks,
+            tokens=tokens,
+            hidden=model.hidden_size,
+            slices=config.parallel.domino_slices,
+            param_bytes=param_bytes,
+        )
+    total = {kind: per_micro[kind] * micro for kind in KINDS}
+    total["all_reduce"] += ranks.sent("all_reduce", _LOSS_BYTES + counts * bool(blocks), ranks.world)
+    total["all_reduce"] += _grad_norm(net, ranks)
+    return total
+
+
+@dataclass(frozen=True)
+class RankGroups:
+    """The groups (global ranks) one rank takes part in under a layout (rank r = (i·shard + f)·ep + e)."""
+
+    layout: ParallelLayout
+    rank: int
+
+    @property
+    def world(self) -> list[int]:
+        return list(range(self.layout.world_size))
+
+    @property
+    def dense_shard(self) -> list[int]:
+        """The replica group's ranks: FSDP's shard ranks of every non-expert parameter."""
+        size = self.layout.dense_shard
+        first = self.rank // size * size
+        return list(range(first, first + size))
+
+    @property
+    def replicas(self) -> list[int]:
+        """The ranks holding the same shards in the other replica groups (HSDP's all-reduce)."""
+        size = self.layout.dense_shard
+        return [replica * size + self.rank % size for replica in range(self.layout.replicate)]
+
+    @property
+    def expert_shard(self) -> list[int]:
+        """The ranks holding the same experts inside the replica group (the experts' FSDP ranks)."""
+        ep, first = self.layout.ep, self.rank // self.layout.dense_shard * self.layout.dense_shard
+        return [first + fsdp * ep + self.rank % ep for fsdp in range(self.layout.shard)]
+
+    @property
+    def ep_group(self) -> list[int]:
+        """The ranks exchanging tokens with this one (consecutive)."""
+        first = self.rank // self.layout.ep * self.layout.ep
+        return list(range(first, first + self.layout.ep))
+
+    def sent(self, kind: str, nbytes: int, group: list[int]) -> LinkBytes:
+        """This rank's bytes in one collective of ``kind`` of ``nbytes`` (the input; an all-gather's per rank)."""
+        per_node = self.layout.processes_per_node
+        if kind == "all_gather":
+            return all_gather_bytes(nbytes, group, self.rank, per_node)
+        if kind == "reduce_scatter":
+            return reduce_scatter_bytes(nbytes, group, self.rank, per_node)
+        return all_reduce_bytes(nbytes, group, self.rank, per_node)
+
+
+def _regathered(groups: list[FsdpGroup], model: ModelConfig, *, prefetch: bool) -> set[str]:
+    """The groups gathered once more in backward, after their reduce-scatter (see the module docstring)."""
+    moe_layers = [index for index in range(model.num_layers) if model.is_moe_layer(index)]
+    head = next((group for group in groups if group.kind == "head"), None)
+    if head is None or not moe_layers:
+        return set()
+    last = model.num_layers - 1
+    regathered = {head.name}
+    if prefetch and any(index < last for index in moe_layers):
+        regathered.add(f"layers.{last}")
+    return regathered
+
+
+def _fsdp(groups: list[FsdpGroup], ranks: RankGroups, param_bytes: int, regathered: set[str]) -> dict[str, LinkBytes]:
+    """One micro-batch's FSDP collectives (see the module docstring)."""
+    reduce_bytes = REDUCE_DTYPE.itemsize
+    sent = dict.fromkeys(KINDS, NOTHING)
+    for group in groups:
+        shard = ranks.expert_shard if group.kind == "experts" else ranks.dense_shard
+        gathers = (2 if group.reshard_after_forward else 1) + (group.name in regathered)
+        sent["all_gather"] += ranks.sent("all_gather", group.shard_numel * param_bytes, shard) * gathers
+        sent["reduce_scatter"] += ranks.sent("reduce_scatter", group.gathered_numel * reduce_bytes, shard)
+        if ranks.layout.replicate > 1:
+            sent["all_reduce"] += ranks.sent("all_reduce", group.shard_numel * reduce_bytes, ranks.replicas)
+    return sent
+
+
+def _exchanges(
+    blocks: list[MoEBlock], ranks: RankGroups, *, tokens: int, hidden: int, slices: int, param_bytes: int
+) -> LinkBytes:
+    """One micro-batch's all-to-alls under expert parallelism, expected under uniform routing."""
+    group, per_node = ranks.ep_group, ranks.layout.processes_per_node
+    sent = NOTHING
+    for block in blocks:
+        moe = block.config
+        split_sizes = slices * (moe.num_experts // len(group)) * _COUNT_BYTES
+        sent += all_to_all_bytes([split_sizes] * len(group), group, ranks.rank, per_node)
+        # Per destination: tokens·K/ep rows each way, dispatched (D + 1) and combined (D), and their gradients.
+        rows = tokens * moe.num_experts_per_tok / len(group)
+        row_bytes = round(rows * (2 * (hidden + 1) + 2 * hidden) * param_bytes)
+        sent += all_to_all_bytes([row_bytes] * len(group), group, ranks.rank, per_node)
+    return sent
+
+
+def _grad_norm(net: nn.Module, ranks: RankGroups) -> LinkBytes:
+    """The gradient norm's all-reduces: one element per gradient of each mesh, over its sharded dimensions (the
+    replica group for both meshes)."""
+    experts = {id(p) for m in net.modules() if isinstance(m, MoEBlock) for p in m.experts.parameters()}
+    params = list(net.parameters())
+    if not ranks.layout.expert_parallel:
+        experts = set()
+    dense = [p for p in params if id(p) not in experts]
+    sent = ranks.sent("all_reduce", sum(p.element_size() for p in dense), ranks.dense_shard)
+    expert_bytes = sum(p.element_size() for p in params if id(p) in experts)
+    if expert_bytes:  # sharded over fsdp × ep: one all-reduce over both, the replica group
+        sent += ranks.sent("all_reduce", expert_bytes, ranks.dense_shard)
+    return sent
