@@ -116,6 +116,45 @@ def train(config_path: Path, run_dir: Path | None, overrides: tuple[str, ...], r
         sys.exit(1)
 
 
+@main.command()
+@click.argument("config_path", metavar="CONFIG.toml", type=click.Path(path_type=Path))
+@click.option("--gpus", type=int, help="Devices of the whole job [default: plan.gpus].")
+@click.option("--gpus-per-node", type=int, help="Devices per node [default: plan.gpus_per_node, else 8].")
+@click.option(
+    "--device", "device_name", metavar="NAME", help="h100, h200, h800, a100, b200 or cpu [default: plan.device]."
+)
+@click.option(
+    "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config key (repeatable)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--search", is_flag=True, help="Try every valid layout, memory and batch setting; rank those that fit.")
+@click.option(
+    "--write", "write_path", type=click.Path(path_type=Path), help="With --search: write the best as a config."
+)
+def plan(  # noqa: PLR0917 (one argument per option)
+    config_path: Path,
+    gpus: int | None,
+    gpus_per_node: int | None,
+    device_name: str | None,
+    overrides: tuple[str, ...],
+    as_json: bool,
+    search: bool,
+    write_path: Path | None,
+) -> None:
+    """Memory per rank, bytes per collective and the step time of CONFIG.toml on a cluster, before it runs."""
+    from xtrain.errors import XtrainError  # noqa: PLC0415 (keeps `xtrain --help` light)
+    from xtrain.plan.command import run_plan  # noqa: PLC0415
+
+    if write_path is not None and not search:
+        click.echo("xtrain: error: --write writes the best combination of --search: add --search", err=True)
+        sys.exit(2)
+    try:
+        click.echo(run_plan(config_path, overrides, gpus, gpus_per_node, device_name, as_json, search, write_path))
+    except XtrainError as error:
+        click.echo(f"xtrain: error: {error}", err=True)
+        sys.exit(2)
+
+
 def _processes_of_one_node_job() -> int | None:
     """The processes a one-node clusterx job asked for (CLUSTERX_PROCS_PER_NODE > 1), which xtrain then starts
     itself as --nproc would: `clusterx submit --procs-per-node 2 -- xtrain train CONFIG` needs nothing more. A
