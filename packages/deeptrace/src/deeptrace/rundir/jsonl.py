@@ -24,7 +24,8 @@ LineParser = Callable[[Path, int, bytes], T]
 """(file, 1-based line number, the line's bytes) -> a record, or TraceInputError naming the file and line."""
 
 
-def _parse_line(path: Path, line_no: int, raw: bytes) -> dict[str, Any]:
+def parse_json_line(path: Path, line_no: int, raw: bytes) -> dict[str, Any]:
+    """One line as a JSON object, or TraceInputError naming the file and the line."""
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -101,12 +102,12 @@ class JsonlFollower(RecordFollower[dict[str, Any]]):
     """A `RecordFollower` of plain JSON objects."""
 
     def __init__(self, path: Path | str) -> None:
-        super().__init__(path, _parse_line)
+        super().__init__(path, parse_json_line)
 
 
 def read_jsonl(path: Path | str, *, missing_ok: bool = False) -> list[dict[str, Any]]:
     """All objects of a JSON Lines file (see `read_records`)."""
-    return read_records(path, _parse_line, missing_ok=missing_ok)
+    return read_records(path, parse_json_line, missing_ok=missing_ok)
 
 
 def read_records(path: Path | str, parse: LineParser[T], *, missing_ok: bool = False) -> list[T]:

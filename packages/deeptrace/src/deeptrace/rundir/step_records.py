@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deeptrace.errors import TraceInputError
 from deeptrace.rundir.jsonio import dumps
+from deeptrace.rundir.jsonl import parse_json_line
 
 STEP_RECORD_VERSION = 1
 
@@ -62,13 +62,7 @@ class _LineRecord(BaseModel):
 
     @classmethod
     def from_line(cls, path: Path, line: int, raw: bytes) -> Self:
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise TraceInputError(path, f"invalid JSON line ({exc})", line=line) from None
-        if not isinstance(obj, dict):
-            raise TraceInputError(path, f"expected a JSON object per line, found {type(obj).__name__}", line=line)
-        return cls.from_object(obj, path, line)
+        return cls.from_object(parse_json_line(path, line, raw), path, line)
 
 
 def _first_problem(error: ValidationError) -> str:
