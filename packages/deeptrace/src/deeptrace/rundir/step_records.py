@@ -99,6 +99,10 @@ class StepRecord(_LineRecord):
     skipped_steps: int | None = None
     checkpoint_stall_s: float | None = None
     """Time the loop waited for a checkpoint save at this step."""
+    eval_loss: float | None = None
+    """Held-out loss (cross-entropy per target token over the evaluation packs), at the steps that evaluate."""
+    eval_ppl: float | None = None
+    """exp(eval_loss)."""
     resumed_from_step: int | None = None
     """On the first record after a resume: the checkpoint's step (0: no checkpoint was found, started over)."""
     resumed_from: str | None = None
