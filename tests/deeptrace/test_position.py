@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 from deeptrace.analysis.hang import diagnose_hang
+from deeptrace.report.markdown import render_markdown
 from deeptrace.report.model import Hang, HangRank, ReportError, load_report
+from deeptrace.report.terminal import render_terminal
 from deeptrace.rundir import CollectiveMark, Heartbeat, PhaseMark, SpanMark, rank_position, read_heartbeats
 from deeptrace.watch.status import judge
+from rich.console import Console
 
 from tests.deeptrace.fixtures_runs import build_planted_hang
 from tests.tui.reports import report_json
@@ -83,3 +86,19 @@ def test_a_hang_rank_of_the_wrong_shape_is_refused_by_name() -> None:
     hang["ranks"] = {"0": {"rank": 0, "status": "asleep"}}
     with pytest.raises(ReportError, match=r"report.json: field hang.ranks.0.status"):
         load_report(report | {"hang": hang})
+
+
+def test_terminal_and_markdown_reports_show_where_each_rank_is(tmp_path: Path) -> None:
+    planted = build_planted_hang(tmp_path)
+    hang = diagnose_hang(tmp_path, now_wall=planted.judge_at(STALL_S), stall_after_s=STALL_S)
+    assert hang is not None
+    report = load_report(report_json() | {"hang": hang.to_dict()})
+    console = Console(record=True, width=200)
+    render_terminal(report, console)
+    rows = [line for line in console.export_text().splitlines() if line.startswith("│") and "step 7, inside" in line]
+    assert [row.split("│")[1].strip() for row in rows] == ["2", "0", "1", "3"]  # the culprit first
+    assert "culprit" in rows[0] and "inside 'forward' (compute)" in rows[0]
+    assert all("waits" in row and "inside all_reduce (group dp, seq 42)" in row for row in rows[1:])
+    markdown = render_markdown(report)
+    assert f"| 2 | **culprit** | gone | {hang.ranks[2].where()} |" in markdown
+    assert f"| 3 | waits | gone | {hang.ranks[3].where()} |" in markdown

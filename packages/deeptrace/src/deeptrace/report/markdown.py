@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from deeptrace.report.model import Hang, Report
-from deeptrace.report.terminal import KIND_COLUMNS, kind_cells
+from deeptrace.report.terminal import KIND_COLUMNS, hang_rows, kind_cells
 
 MAX_KIND_RANKS = 32  # per-rank rows of the kinds table up to this many ranks; report.json has them all
 
@@ -118,7 +118,12 @@ def _kinds(report: Report) -> list[str]:
 def _hang(hang: Hang | None) -> list[str]:
     if hang is None:
         return ["No hang diagnosed."]
-    lines = [hang.summary, "", *(f"- {line}" for line in hang.evidence)]
+    lines = [hang.summary, "", "| rank | role | status | where | idle (s) | note |", "|---:|---|---|---|---:|---|"]
+    for state in hang_rows(hang, None):
+        role = hang.role(state.rank).replace("culprit", "**culprit**")
+        idle = "—" if state.idle_s is None else f"{state.idle_s:,.1f}"
+        lines.append(f"| {state.rank} | {role} | {state.status} | {state.where()} | {idle} | {state.note or ''} |")
+    lines += ["", "Evidence:", "", *(f"- {line}" for line in hang.evidence)]
     if hang.watch is not None:
         lines += ["", f"`deeptrace watch` read every rank's stacks (`{hang.watch.path}`):", ""]
         for culprit in hang.watch.culprits:

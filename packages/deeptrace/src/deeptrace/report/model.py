@@ -258,6 +258,10 @@ class Hang(_Model):
     def ranks_sorted(self) -> list[HangRank]:
         return sorted(self.ranks.values(), key=lambda state: state.rank)
 
+    def role(self, rank: int) -> str:
+        """ "culprit" (the others wait for it), "waits", or "" (neither)."""
+        return "culprit" if rank in self.culprit_ranks else "waits" if rank in self.waiting_ranks else ""
+
 
 class FlightDisagreement(_Model):
     group: str

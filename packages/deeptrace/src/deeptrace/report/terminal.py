@@ -7,11 +7,19 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from deeptrace.report.model import KindAcrossRanks, RankReport, Report
+from deeptrace.report.model import Hang, HangRank, KindAcrossRanks, RankReport, Report
 
 MAX_STEPS_PER_RANK = 20
 MAX_ARRIVAL_ROWS = 32
 MAX_STEP_ROWS = 64  # beyond this the terminal shows a pointer; the files have every step
+MAX_HANG_ROWS = 16  # ranks of a hang shown: culprits first, then the waiting, then the rest
+
+
+def hang_rows(hang: Hang, limit: int | None) -> list[HangRank]:
+    """The ranks of a hang in the order worth reading: culprits, waiting ranks, the others; at most `limit`."""
+    first = {rank: i for i, rank in enumerate([*hang.culprit_ranks, *hang.waiting_ranks])}
+    ordered = sorted(hang.ranks.values(), key=lambda state: (first.get(state.rank, len(first)), state.rank))
+    return ordered if limit is None else ordered[:limit]
 
 
 def _ms(value: float | None) -> str:
@@ -148,6 +156,16 @@ def _findings(report: Report, console: Console) -> None:
     hang = report.hang
     if hang is not None:
         console.print(f"[bold red]Hang[/bold red]: {hang.summary}")
+        table = Table(title="Where each rank is (heartbeats)", title_justify="left")
+        for header in ("rank", "role", "status", "where", "idle (s)"):
+            table.add_column(header, justify="right" if header in ("rank", "idle (s)") else "left")
+        for state in hang_rows(hang, MAX_HANG_ROWS):
+            role = hang.role(state.rank)
+            idle = "—" if state.idle_s is None else f"{state.idle_s:,.1f}"
+            table.add_row(str(state.rank), role, state.status, state.where(), idle, style="red" * (role == "culprit"))
+        if len(hang.ranks) > MAX_HANG_ROWS:
+            table.caption = f"{MAX_HANG_ROWS} of {len(hang.ranks)} ranks; all in report.json and report.md"
+        console.print(table)
         if hang.watch is not None:
             for culprit in hang.watch.culprits:
                 console.print(f"  deeptrace watch: rank {culprit.rank} waits at {culprit.where} ({culprit.function})")
