@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from deeptrace.analysis.hang import diagnose_hang
+from deeptrace.analysis.hang import HangReport, diagnose_hang
 from deeptrace.report.markdown import render_markdown
-from deeptrace.report.model import Hang, HangRank, ReportError, load_report
+from deeptrace.report.model import Hang, HangRank, Report, ReportError, load_report
 from deeptrace.report.terminal import render_terminal
 from deeptrace.rundir import CollectiveMark, Heartbeat, PhaseMark, SpanMark, rank_position, read_heartbeats
 from deeptrace.watch.status import judge
@@ -88,11 +88,16 @@ def test_a_hang_rank_of_the_wrong_shape_is_refused_by_name() -> None:
         load_report(report | {"hang": hang})
 
 
-def test_terminal_and_markdown_reports_show_where_each_rank_is(tmp_path: Path) -> None:
-    planted = build_planted_hang(tmp_path)
-    hang = diagnose_hang(tmp_path, now_wall=planted.judge_at(STALL_S), stall_after_s=STALL_S)
+def planted_hang_report(run_dir: Path) -> tuple[HangReport, Report]:
+    """The planted hang's diagnosis, and a report.json holding it, as its renderers and xtop read it."""
+    planted = build_planted_hang(run_dir)
+    hang = diagnose_hang(run_dir, now_wall=planted.judge_at(STALL_S), stall_after_s=STALL_S)
     assert hang is not None
-    report = load_report(report_json() | {"hang": hang.to_dict()})
+    return hang, load_report(report_json() | {"hang": hang.to_dict()})
+
+
+def test_terminal_and_markdown_reports_show_where_each_rank_is(tmp_path: Path) -> None:
+    hang, report = planted_hang_report(tmp_path)
     console = Console(record=True, width=200)
     render_terminal(report, console)
     rows = [line for line in console.export_text().splitlines() if line.startswith("│") and "step 7, inside" in line]

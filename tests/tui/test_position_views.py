@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deeptrace.analysis.hang import diagnose_hang
-from deeptrace.report.model import load_report
 from deeptrace.rundir import rank_position, read_heartbeats
 from rich.console import Console
 from xtop.run_source import RunSource
 from xtop.screens.trace import render_report
 
 from tests.deeptrace.fixtures_runs import build_planted_hang
-from tests.tui.reports import report_json
+from tests.deeptrace.test_position import planted_hang_report
 
 STALL_S = 60.0
 
@@ -30,10 +28,7 @@ def test_run_screen_position_is_deeptraces(tmp_path: Path) -> None:
 
 
 def test_trace_screen_reads_the_hang_ranks_by_type(tmp_path: Path) -> None:
-    planted = build_planted_hang(tmp_path)
-    hang = diagnose_hang(tmp_path, now_wall=planted.judge_at(STALL_S), stall_after_s=STALL_S)
-    assert hang is not None
-    report = load_report(report_json() | {"hang": hang.to_dict()})
+    _, report = planted_hang_report(tmp_path)
     console = Console(record=True, width=160)
     console.print(render_report(report))
     lines = console.export_text().splitlines()
