@@ -188,6 +188,24 @@ def export(source: Path, out: Path, dtype: str, max_shard_size: str, replace: bo
     click.echo(f"xtrain: wrote {written} (step {point.step} of {point.folder})", err=True)
 
 
+@main.command()
+@click.argument("run_dirs", metavar="RUN_DIR...", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--plot", type=click.Path(path_type=Path), metavar="FILE.png", help="Draw the curves into a PNG.")
+@click.option("--csv", "csv_path", type=click.Path(path_type=Path), metavar="FILE", help="Write every step as CSV.")
+@click.option("--last", type=click.IntRange(min=0), default=10, show_default=True, help="Steps in the table.")
+def metrics(run_dirs: tuple[Path, ...], plot: Path | None, csv_path: Path | None, last: int) -> None:
+    """A run's last steps, best eval loss and throughput medians; with several RUN_DIRs, compared (curves
+    overlaid in --plot)."""
+    from xtrain.errors import XtrainError  # noqa: PLC0415 (keeps `xtrain --help` light)
+    from xtrain.metrics_report import run_metrics  # noqa: PLC0415
+
+    try:
+        click.echo(run_metrics(list(run_dirs), plot, csv_path, last))
+    except XtrainError as error:
+        click.echo(f"xtrain: error: {error}", err=True)
+        sys.exit(2)
+
+
 @main.group()
 def data() -> None:
     """Training data: tokenise and cache ahead of a run."""
