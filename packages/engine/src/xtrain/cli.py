@@ -116,6 +116,41 @@ def train(config_path: Path, run_dir: Path | None, overrides: tuple[str, ...], r
         sys.exit(1)
 
 
+@main.command("eval", context_settings={"show_default": True})
+@click.argument("config_path", metavar="CONFIG.toml", type=click.Path(path_type=Path))
+@click.option(
+    "--checkpoint",
+    "checkpoint",
+    required=True,
+    metavar="PATH|RUN_DIR",
+    type=click.Path(path_type=Path),
+    help="A checkpoint folder (RUN_DIR/checkpoints/step-N), or a run directory (its newest complete one).",
+)
+@click.option(
+    "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config key (repeatable)."
+)
+@click.option("--nproc", type=click.IntRange(min=1), help="Start this many processes on this node through torchrun.")
+def evaluate(config_path: Path, checkpoint: Path, overrides: tuple[str, ...], nproc: int | None) -> None:
+    """The held-out loss of a checkpoint on CONFIG.toml's [eval] packs, as training computes it (one JSON line)."""
+    from xtrain.errors import XtrainError  # noqa: PLC0415 (keeps `xtrain --help` light)
+    from xtrain.parallel.distributed import launched_by_torchrun  # noqa: PLC0415
+    from xtrain.train import launch  # noqa: PLC0415
+    from xtrain.train.eval_command import check_eval, evaluate_checkpoint  # noqa: PLC0415
+
+    try:
+        config = launch.load_and_check(config_path, overrides)
+        if nproc is not None and not launched_by_torchrun():
+            check_eval(config, checkpoint)
+            launch.check_world_size(config, nproc)
+            arguments = ["eval", str(config_path.resolve()), "--checkpoint", str(checkpoint.resolve())]
+            sys.exit(launch.launch_command(arguments, overrides, nproc))
+        evaluate_checkpoint(config, checkpoint)
+    except XtrainError as error:
+        if not launch.report_user_error(str(error)):
+            click.echo(f"xtrain: error: {error}", err=True)
+        sys.exit(2)
+
+
 @main.command()
 @click.argument("config_path", metavar="CONFIG.toml", type=click.Path(path_type=Path))
 @click.option("--gpus", type=int, help="Devices of the whole job [default: plan.gpus].")

@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from xtrain.data.config import DataConfig
+from xtrain.data.config import DataConfig, DataSource
 from xtrain.errors import ConfigError
 from xtrain.model.attention_backends import AttentionBackendName
 from xtrain.parallel.checkpointing import checkpointed_layers
@@ -199,6 +199,24 @@ class CheckpointSection(_Section):
         return self
 
 
+class EvalSection(_Section):
+    """``[eval]``: the held-out loss during training (see docs/engine-train.md, "Evaluation")."""
+
+    sources: list[DataSource] = Field(default_factory=list)
+    """Held-out JSONL files or folders, shaped like ``data.sources`` (tokenized and packed as the training data
+    is, with ``data.tokenizer`` and ``data.kind``). Empty: no evaluation."""
+    every_steps: int = Field(default=0, ge=0)
+    """Evaluate after every this many optimizer steps (0: only after the last step)."""
+    batches: int = Field(default=8, gt=0)
+    """Packs per evaluation over all ranks (a multiple of the number of processes): the same packs every time."""
+    pack_tokens: int | None = Field(default=None, gt=0)
+    """Tokens per evaluation pack (default: ``data.pack_tokens``)."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.sources)
+
+
 class PlanSection(_Section):
     """``[plan]``: the cluster a config is sized for, which ``xtrain plan`` uses when no flag says otherwise.
     ``xtrain train`` ignores it (a run's size is the processes it is started with)."""
@@ -225,6 +243,7 @@ class TrainConfig(_Section):
     memory: MemorySection = MemorySection()
     trace: TraceSection = TraceSection()
     checkpoint: CheckpointSection = CheckpointSection()
+    eval: EvalSection = EvalSection()
     plan: PlanSection = PlanSection()
 
 
@@ -252,6 +271,9 @@ def missing_paths(config: TrainConfig) -> list[str]:
     for index, source in enumerate(config.data.sources):
         if not source.path.exists():
             problems.append(f"data.sources[{index}].path: {source.path} does not exist")
+    for index, source in enumerate(config.eval.sources):
+        if not source.path.exists():
+            problems.append(f"eval.sources[{index}].path: {source.path} does not exist")
     if not (config.data.tokenizer / "tokenizer.json").is_file():
         problems.append(f"data.tokenizer: {config.data.tokenizer} holds no tokenizer.json")
     return problems
@@ -290,11 +312,12 @@ def _resolve_paths(raw: dict[str, Any], base: Path) -> None:
         values = raw.get(section)
         if isinstance(values, dict) and isinstance(values.get(key), str):
             values[key] = str(_absolute(values[key], base))
-    data = raw.get("data")
-    if isinstance(data, dict) and isinstance(data.get("sources"), list):
-        for source in data["sources"]:
-            if isinstance(source, dict) and isinstance(source.get("path"), str):
-                source["path"] = str(_absolute(source["path"], base))
+    for section in ("data", "eval"):
+        values = raw.get(section)
+        if isinstance(values, dict) and isinstance(values.get("sources"), list):
+            for source in values["sources"]:
+                if isinstance(source, dict) and isinstance(source.get("path"), str):
+                    source["path"] = str(_absolute(source["path"], base))
 
 
 def _absolute(value: str, base: Path) -> Path:

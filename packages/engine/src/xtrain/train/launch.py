@@ -61,6 +61,11 @@ def check_world_size(config: TrainConfig, world_size: int, processes_per_node: i
             f"train.global_batch = {config.train.global_batch} must be a multiple of the number of processes "
             f"({world_size}): each rank runs global_batch / processes packs per step"
         )
+    if config.eval.enabled and config.eval.batches % world_size:
+        raise ConfigError(
+            f"eval.batches = {config.eval.batches} must be a multiple of the number of processes ({world_size}): "
+            "each rank evaluates eval.batches / processes packs"
+        )
     num_experts = None
     if config.parallel.ep_size > 1:  # the model's config is read only when its experts are split
         from xtrain.train.build import resolve_model_config  # noqa: PLC0415
@@ -81,22 +86,17 @@ def check_resume(resume: str, run_dir: Path, config: TrainConfig) -> None:
 
 
 def launch_torchrun(config_path: Path, run_dir: Path, overrides: tuple[str, ...], resume: str, nproc: int) -> int:
-    """Start ``nproc`` ranks on this node through torchrun and wait; the exit code of the job (2: user error)."""
-    command = [
-        sys.executable,
-        "-m",
-        "xtrain.train.torchrun",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "xtrain",
-        "train",
-        str(config_path.resolve()),
-        "--run-dir",
-        str(run_dir),
-        "--resume",
-        resume,
-    ]
+    """Start ``nproc`` ranks of ``xtrain train`` on this node through torchrun and wait; the exit code of the job
+    (2: user error)."""
+    arguments = ["train", str(config_path.resolve()), "--run-dir", str(run_dir), "--resume", resume]
+    return launch_command(arguments, overrides, nproc)
+
+
+def launch_command(arguments: list[str], overrides: tuple[str, ...], nproc: int) -> int:
+    """Start ``nproc`` ranks of ``xtrain ARGUMENTS`` on this node through torchrun and wait; the exit code of the
+    job (2: a user error, whose message each rank left for the launcher to print once)."""
+    command = [sys.executable, "-m", "xtrain.train.torchrun", "--standalone", f"--nproc-per-node={nproc}"]
+    command += ["-m", "xtrain", *arguments]
     for override in overrides:
         command += ["--set", override]
     env = dict(os.environ)

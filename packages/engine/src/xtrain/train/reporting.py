@@ -20,6 +20,7 @@ from xtrain.data import Pack
 from xtrain.data.balance import pack_cost
 from xtrain.model.config import ModelConfig
 from xtrain.model.flops import training_flops_per_token
+from xtrain.train.evaluate import EvalResult
 from xtrain.train.measure import StepMeasure
 from xtrain.train.metrics import MemoryFigures, mfu
 from xtrain.train.progress import ProgressLine
@@ -65,6 +66,8 @@ class StepFacts:
     memory: MemoryFigures
     checkpoint_stall_s: float | None = None
     """When the step saved: how long the loop waited for it."""
+    eval_loss: float | None = None
+    """When the step evaluated: the held-out loss."""
     resumed: Resumed | None = None
     """Where the run came from, on the first record after a resume (or after starting over)."""
     measured: StepMeasure | None = None
@@ -164,6 +167,8 @@ def step_record(facts: StepFacts, figures: RunFigures) -> StepRecord:
         wall_s=facts.wall_s,
         max_steps=figures.max_steps,
         checkpoint_stall_s=facts.checkpoint_stall_s,
+        eval_loss=facts.eval_loss,
+        eval_ppl=None if facts.eval_loss is None else EvalResult(facts.eval_loss).ppl,
         resumed_from_step=None if resumed is None else resumed.from_step,
         resumed_from=None if resumed is None else resumed.folder,
         resumed_from_world_size=None if resumed is None else resumed.world_size,

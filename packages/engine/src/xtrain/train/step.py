@@ -159,18 +159,10 @@ def _forward_backward(
     """Micro-batch ``index`` of the step: its losses (global-batch normalised) and their backward."""
     global_batch, settings = context.global_batch, context.settings
     span = _spans(context.collector)
-
-    def head(hidden_TD: Tensor, weight_VD: Tensor) -> Tensor:
-        return chunked_cross_entropy(
-            hidden_TD,
-            weight_VD,
-            batch.labels,
-            normaliser=global_batch.target_tokens,
-            chunk_tokens=settings.chunk_tokens,
-        )
-
     with span("forward", Category.COMPUTE):
-        ce, stats = model.forward_with_head(batch.input_ids, documents=batch.documents, head=head)
+        ce, stats = model.forward_with_head(
+            batch.input_ids, documents=batch.documents, head=_loss_head(batch, global_batch, settings)
+        )
     loss = ce
     if stats:
         with _collectives(context.collector)("all_reduce expert counts"):
@@ -187,6 +179,32 @@ def _forward_backward(
     acc.logged[0] += ce.detach().double()
     with span("backward", Category.COMPUTE):
         (loss * context.dp_size).backward()  # type: ignore[no-untyped-call]  # torch's backward is untyped
+
+
+def _loss_head(
+    batch: MicroBatch, global_batch: GlobalBatch, settings: LossSettings
+) -> Callable[[Tensor, Tensor], Tensor]:
+    """The chunked cross-entropy of ``batch``, normalised by the target tokens of the whole ``global_batch``."""
+
+    def head(hidden_TD: Tensor, weight_VD: Tensor) -> Tensor:
+        return chunked_cross_entropy(
+            hidden_TD,
+            weight_VD,
+            batch.labels,
+            normaliser=global_batch.target_tokens,
+            chunk_tokens=settings.chunk_tokens,
+        )
+
+    return head
+
+
+def evaluation_loss(model: Transformer, batch: MicroBatch, global_batch: GlobalBatch, settings: LossSettings) -> Tensor:
+    """``batch``'s share of the cross-entropy of ``global_batch`` (the head training uses), for evaluation: call it
+    with gradients off. The router's statistics are not used: no auxiliary loss, no bias update."""
+    ce, _stats = model.forward_with_head(
+        batch.input_ids, documents=batch.documents, head=_loss_head(batch, global_batch, settings)
+    )
+    return ce
 
 
 def _update(

@@ -47,6 +47,7 @@ from xtrain.train.checkpoint.parts import (
 )
 from xtrain.train.checkpoint.resume import decide_on_all_ranks, restore
 from xtrain.train.checkpoint.saver import Checkpointer, RunIdentity
+from xtrain.train.evaluate import EvalResult, Evaluator, eval_packs
 from xtrain.train.launch import check_world_size
 from xtrain.train.logs import setup_logging
 from xtrain.train.measure import StepMeasure, measure_step
@@ -141,6 +142,7 @@ class Trainer:
                 config.data, rank=dist_ctx.rank, world_size=dist_ctx.world_size, barrier=barrier, log=log.info
             )
         self.stream = pack_stream(config, self.corpus, dist_ctx.world_size)
+        self.evaluator = self._evaluator()
         self.parts = TrainingParts(
             model=ModelPart(self.model),
             optimizer=OptimizerPart(self.model, optimizer),
@@ -208,6 +210,7 @@ class Trainer:
         self.checkpointer.poll()
         if self.checkpointer.due(step, self.config.train.max_steps):
             stall = self.checkpointer.save(step)
+        evaluated = self._evaluate(step)
         collector.step_end(step)
         counters = self.parts.counters.counters
         return StepFacts(
@@ -224,6 +227,7 @@ class Trainer:
             skipped_steps=counters.skipped_steps,
             memory=memory_figures(self.dist.device),
             checkpoint_stall_s=stall,
+            eval_loss=None if evaluated is None else evaluated.loss,
             resumed=resumed,
             measured=measured,
         )
@@ -253,6 +257,23 @@ class Trainer:
             log_path=layout.log_path(self.run_dir, self.dist.rank),
             profiler_running=step in profiled_steps(self.config),
         )
+
+    def _evaluator(self) -> Evaluator | None:
+        """The held-out evaluation of ``[eval]``, its packs made once (None without ``eval.sources``)."""
+        if not self.config.eval.enabled:
+            return None
+        with self.collector.phase("data_prep"):
+            packs = eval_packs(self.config, self.dist, barrier, log.info)
+        return Evaluator(self.config, packs, self.settings, self.dist)
+
+    def _evaluate(self, step: int) -> EvalResult | None:
+        """The held-out loss when ``step`` is one that evaluates (an announced phase: watchers wait for it)."""
+        if self.evaluator is None or not self.evaluator.due(step):
+            return None
+        with self.collector.phase("eval"):
+            result = self.evaluator.evaluate(self.model)
+        log.info("step %d: eval loss %.4f (perplexity %.2f)", step, result.loss, result.ppl)
+        return result
 
     def _check_skips(self, facts: StepFacts) -> None:
         """A step that was not finite is said; too many in a row stop the run."""
