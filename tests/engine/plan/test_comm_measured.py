@@ -1,11 +1,12 @@
 """The planner's bytes per collective (xtrain.plan.comm) are those ``xtrain train`` sends, as ``trace.memory``
 measures them (every collective torch.distributed issues, counted with the same convention): exactly, per kind
 and link, on every rank and step, for all-gather, reduce-scatter and all-reduce, under plain FSDP (2 processes,
-the MoE model and the tied dense one with reshard_after_forward off), HSDP (replicate 2 on 4 processes, 2 per
-node, so the replicas' all-reduce crosses nodes), expert parallelism (ep 2 on 4 processes, 2 per node, Domino
-slices 2: the experts' FSDP groups cross nodes) and both (replicate 2 × ep 2). The all-to-all is data
-dependent: the plan gives its expectation under uniform routing; on the debug model's 128-token packs the
-measured figure is within 25 % of it (0.3 % to 19 % per rank and step when this was written; printed with -s).
+the MoE model, the tied dense one with reshard_after_forward off, full checkpointing with offload, and EP 2 with
+checkpointing and no prefetch), HSDP (replicate 2 on 4 processes, 2 per node, so the replicas' all-reduce
+crosses nodes), expert parallelism (ep 2 on 4 processes, 2 per node, Domino slices 2: the experts' FSDP groups
+cross nodes) and both (replicate 2 × ep 2). The all-to-all is data dependent: the plan gives its expectation
+under uniform routing; on the debug model's 128-token packs the measured figure is within 25 % of it (0.3 % to
+19 % per rank and step when this was written; printed with -s).
 
 And ``mem_tensor_peak_bytes`` is recorded on every rank and step, and is at least the rank's parameters,
 gradients and AdamW state (its fp32 shard: 4 + 4 + 8 bytes per element). One run per layout, both checks on it.
@@ -35,6 +36,10 @@ RUNS = {
     "fsdp-2": (2, 2, ("train.global_batch=4",)),
     "dense-tied-no-reshard-2": (
         2, 2, ("train.global_batch=2", 'model.size="debug-dense"', "parallel.reshard_after_forward=false")
+    ),
+    "checkpointed-offload-2": (2, 2, ("train.global_batch=4", 'memory.checkpointing="full"', "memory.offload=true")),
+    "ep2-checkpointed-no-prefetch-2": (
+        2, 2, ("train.global_batch=2", "parallel.ep_size=2", 'memory.checkpointing="full"', "parallel.prefetch=false")
     ),
     "hsdp-4-two-nodes": (4, 2, ("train.global_batch=8", "parallel.replicate=2")),
     "ep2-4-two-nodes": (4, 2, ("train.global_batch=4", "parallel.ep_size=2", "parallel.domino_slices=2")),
