@@ -5,6 +5,7 @@ they are written directly only because their writers stamp the current time."""
 
 from __future__ import annotations
 
+import math
 import shutil
 from datetime import timedelta
 from pathlib import Path
@@ -75,14 +76,22 @@ def _write_run() -> None:
             "model_flops_per_token": 1.0e9, "device_peak_flops": 9.89e14, "extras": {}}  # fmt: skip
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     layout.meta_path(RUN_DIR).write_bytes(orjson.dumps(meta))
+    # The first attempt logged steps 1-85 and died; the second resumed from step 80's checkpoint 12 s later and
+    # logged 81-120 again. Step 37's update was skipped (a non-finite loss); every 20 steps an evaluation.
     metrics = [
-        {"step": s, "time_unix_s": start + 2.0 * s, "loss": 2.0 + 9.0 / (1 + 0.05 * s) + 0.15 * ((s * 7) % 5) / 5,
+        {"step": s, "time_unix_s": start + 2.0 * s - (20.0 if attempt == 1 else 0.0),
+         "loss": None if s == 37 else 2.0 + 9.0 / (1 + 0.05 * s) + 0.15 * ((s * 7) % 5) / 5,
          "tokens_per_s": 50_000.0 + 4_000.0 * ((s * 13) % 7) / 7 + (0 if s > 5 else -30_000.0),
-         "grad_norm": 0.4 + 3.0 / (1 + 0.2 * s), "lr": 3e-4 * min(1.0, s / 10), "max_steps": 1000,
-         "skipped_steps": 1 if s >= 40 else 0, "mfu": 0.412}
-        for s in range(1, steps + 1)
+         "grad_norm": None if s == 37 else 0.4 + 3.0 / (1 + 0.2 * s), "lr": 3e-4 * min(1.0, s / 10),
+         "max_steps": 1000, "skipped": s == 37, "skipped_steps": 1 if s >= 37 else 0, "mfu": 0.412,
+         **({"eval_loss": 2.3 + 9.0 / (1 + 0.05 * s), "eval_ppl": math.exp(2.3 + 9.0 / (1 + 0.05 * s))}
+            if s % 20 == 0 else {}),
+         **({"resumed_from_step": 80, "resumed_from": str(RUN_DIR / "checkpoints" / "step-80"),
+             "resumed_from_world_size": 2} if (attempt, s) == (2, 81) else {})}
+        for attempt, steps_logged in ((1, range(1, 86)), (2, range(81, steps + 1)))
+        for s in steps_logged
     ]  # fmt: skip
-    _jsonl(layout.metrics_path(RUN_DIR), metrics)
+    _jsonl(layout.metrics_path(RUN_DIR), [{k: v for k, v in m.items() if v is not None} for m in metrics])
     for rank, (allocated, peak) in enumerate(((52 << 30, 71 << 30), (55 << 30, 76 << 30))):
         records = [{"step": s, "rank": rank, "time_unix_s": start + 2.0 * s, "step_time_s": 2.0,
                     "mem_allocated_bytes": allocated, "mem_peak_bytes": peak} for s in range(1, steps + 1)]  # fmt: skip

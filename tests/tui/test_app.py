@@ -13,12 +13,13 @@ import orjson
 import pytest
 from clusterx import Client
 from clusterx.spec import JobSpec
-from deeptrace.rundir import RunWriter, layout
+from deeptrace.rundir import RunWriter, StepRecord, layout
 from rich.console import Console
 from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.widgets import Input, Log, Static
 from xtop.app import XtopApp
+from xtop.chart import LineChart
 from xtop.job_table import JobTable
 from xtop.screens.base import set_content
 from xtop.screens.devices import DevicesScreen
@@ -193,6 +194,29 @@ async def test_run_screen_follows_metrics_and_logs_follow_with_search(tmp_path: 
     writer.close()
 
 
+async def test_run_screen_shows_the_eval_loss_and_marks_resumed_and_skipped_steps(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with RunWriter(run_dir, rank=0, world_size=1) as writer:
+        for step in range(1, 31):  # the first attempt, then a resume from step 20's checkpoint
+            skipped = step == 12
+            writer.append_step(StepRecord(
+                step=step, loss=None if skipped else 6.0 / step, skipped=skipped, max_steps=40,
+                eval_loss=7.0 / step if step % 10 == 0 else None,
+            ))  # fmt: skip
+        writer.append_step(StepRecord(step=21, loss=0.3, resumed_from_step=20, max_steps=40))
+    app = XtopApp(db=str(tmp_path / "jobs.db"), run_dirs=[run_dir], refresh_s=3600, sampler=no_gpu_resources)
+    async with app.run_test(size=(120, 30)) as pilot:
+        assert isinstance(app.screen, RunScreen)
+        await until(pilot, lambda: "step 21/40" in text_of(app, "#run-stats"), "step 21")
+        assert "eval 0.35 @20" in text_of(app, "#run-stats")  # step 30's evaluation was the interrupted attempt's
+        notes = text_of(app, "#run-notes").splitlines()
+        assert [line.strip() for line in notes] == ["resumed at step 21 (from step 20)", "skipped: step 12"]
+        chart = app.screen.query_one("#chart-loss", LineChart)
+        assert chart.border_subtitle == "0.3 · eval 0.35"
+        assert chart.overlay is not None and chart.overlay.points() == ([10.0, 20.0], [0.7, 0.35])
+        assert [mark.x for mark in chart.marks] == [21, 12]
+
+
 async def test_bad_input_shows_messages_and_never_ends_the_app(tmp_path: Path) -> None:
     empty = tmp_path / "empty-run"
     empty.mkdir()
@@ -247,6 +271,7 @@ def test_xtop_never_imports_xtrain_or_torch(tmp_path: Path) -> None:
     code = f"""
 import asyncio, sys
 from xtop.app import XtopApp
+from xtop.chart import LineChart
 async def main():
     app = XtopApp(db={str(tmp_path / "jobs.db")!r}, run_dirs=[{str(run_dir)!r}], refresh_s=0.2)
     async with app.run_test() as pilot:

@@ -4,8 +4,9 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 from deeptrace.collect import Collector
-from deeptrace.rundir import RankStepRecord, RunWriter, layout
+from deeptrace.rundir import RankStepRecord, RunWriter, StepRecord, layout
 from xtop.logs import LogTail
 from xtop.run_source import RunSource
 from xtop.series import DecimatedSeries
@@ -143,3 +144,66 @@ def test_writer_and_reader_agree_on_memory_fields(tmp_path: Path) -> None:
     assert [(r.rank, r.step, r.mem_allocated_bytes, r.mem_peak_bytes, r.step_time_s) for r in ranks] == [
         (1, 5, 123, 456, 0.25)
     ]
+
+
+def _steps(writer: RunWriter, steps: range, scale: float = 1.0, **fields: object) -> None:
+    for step in steps:
+        values: dict[str, object] = {"step": step, "loss": scale * 6.0 / step, "time_unix_s": 1e9 + step}
+        if step % 10 == 0:
+            values["eval_loss"] = scale * 7.0 / step
+        writer.append_step(StepRecord.model_validate(values | fields))
+
+
+def test_the_eval_loss_is_a_series_of_its_own_steps_and_the_last_one_is_kept(tmp_path: Path) -> None:
+    with RunWriter(tmp_path / "run", rank=0, world_size=1) as writer:
+        _steps(writer, range(1, 26))
+    snap = RunSource(tmp_path / "run").poll()
+    assert snap.eval_loss.points() == ([10.0, 20.0], [0.7, 0.35])
+    assert snap.last_eval == (20, 0.35)
+    assert snap.loss.count == 25 and snap.step == 25
+    assert RunSource(tmp_path / "run").poll().copy().last_eval == (20, 0.35)
+
+
+def test_a_resume_forgets_the_steps_the_interrupted_attempt_logged_after_its_checkpoint(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with RunWriter(run_dir, rank=0, world_size=1) as writer:
+        for step in range(1, 36):  # died after step 35: evaluated at 10, 20, 30; 12 and 33 skipped their update
+            _steps(writer, range(step, step + 1), **({"loss": None, "skipped": True} if step in {12, 33} else {}))
+    source = RunSource(run_dir)
+    snap = source.poll()
+    assert (snap.last_eval, snap.skipped) == ((30, 7.0 / 30), [12, 33])
+    with RunWriter(run_dir, rank=0, world_size=1) as writer:
+        writer.append_step(StepRecord(step=21, loss=9.0, resumed_from_step=20, time_unix_s=1e9 + 21))
+        _steps(writer, range(22, 26), scale=2.0, max_steps=100)
+    snap = source.poll()
+    xs, ys = snap.loss.points()
+    assert xs == [float(step) for step in range(1, 26) if step != 12]  # each once: 21-35 of the first attempt gone
+    assert ys[19:] == [9.0, *(2.0 * 6.0 / step for step in range(22, 26))]
+    assert snap.eval_loss.points() == ([10.0, 20.0], [0.7, 0.35])
+    assert snap.last_eval == (20, 0.35)  # step 30's evaluation belonged to the forgotten steps
+    assert (snap.resumes, snap.skipped) == ([(21, 20)], [12])
+    assert snap.eta_s == pytest.approx((100 - 25) * 1.0)  # the step rate of the new attempt only
+
+
+def test_a_step_logged_twice_is_one_step_with_the_later_fields() -> None:
+    source = RunSource("/nowhere")
+    snap = source.snapshot
+    source._take_metrics(snap, StepRecord(step=10, loss=2.0, grad_norm=0.5))
+    source._take_metrics(snap, StepRecord.model_validate({"step": 10, "eval_loss": 2.5}))
+    assert snap.last is not None and (snap.last.loss, snap.last.grad_norm, snap.last.eval_loss) == (2.0, 0.5, 2.5)
+    assert snap.loss.count == 1 and snap.last_eval == (10, 2.5)
+
+
+def test_a_series_forgets_the_points_after_a_step_also_once_merged() -> None:
+    series = DecimatedSeries(capacity=4)
+    for step in range(1, 21):
+        series.append(step, float(step))
+    assert series.stride > 1
+    series.drop_after(12)
+    xs, ys = series.points()
+    assert xs and max(xs) <= 12.5 and xs == ys and series.last == ys[-1]
+    for step in range(13, 16):
+        series.append(step, 100.0)
+    assert series.points()[1][-1] == 100.0 and series.last == 100.0
+    series.drop_after(0)
+    assert (series.points(), series.last, series.count) == (([], []), None, 0)

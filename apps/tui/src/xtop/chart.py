@@ -1,10 +1,16 @@
 """A line chart drawn with braille characters: each cell holds 2×4 dots, so a 30×6 cell chart shows 60 points
-at 24 levels. Drawing cost depends on the chart's size and the (bounded) series, never on the run's length."""
+at 24 levels. Drawing cost depends on the chart's size and the (bounded) series, never on the run's length.
+
+A chart draws one series, optionally a second one over it on the same axes (the loss and the eval loss), and
+marks: steps shown as a tinted column (a resume, a skipped step). Points are placed by their x (the step), so
+a sparse series (an evaluation every 100 steps) lines up with a dense one."""
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from rich.text import Text
 from textual.reactive import reactive
@@ -18,33 +24,44 @@ _BRAILLE_BASE = 0x2800
 _DOT = ((0x01, 0x08), (0x02, 0x10), (0x04, 0x20), (0x40, 0x80))
 LABEL_WIDTH = 7
 
+Curve = tuple[Sequence[float], Sequence[float]]
+"""(xs, ys) of one series, xs ascending."""
 
-def braille_plot(ys: list[float], width: int, height: int) -> tuple[list[str], float, float]:
-    """Rows of braille text (top first) plotting `ys` across `width` cells, and the value range shown."""
-    columns, rows = width * 2, height * 4
-    if not ys or columns <= 0 or rows <= 0:
-        return [" " * max(width, 0)] * max(height, 0), 0.0, 0.0
-    # One value per dot column: the mean of the points falling into it; a short series is spread across the
-    # whole width (point i at column i * (columns - 1) / (n - 1)), joined by the vertical runs below.
-    n = len(ys)
-    samples: list[float | None] = [None] * columns
-    if n >= columns:
-        for column in range(columns):
-            chunk = ys[column * n // columns : max(column * n // columns + 1, (column + 1) * n // columns)]
-            samples[column] = sum(chunk) / len(chunk)
-    else:
-        for index, value in enumerate(ys):
-            samples[round(index * (columns - 1) / max(1, n - 1))] = value
-    known = [value for value in samples if value is not None]
-    low, high = min(known), max(known)
+
+@dataclass(frozen=True)
+class Mark:
+    """A step to point out on a chart: its cell column gets the background `style`."""
+
+    x: float
+    style: str
+
+
+def dot_columns(
+    xs: Sequence[float], ys: Sequence[float], columns: int, x_low: float, x_high: float
+) -> list[float | None]:
+    """One value per dot column: the mean of the points whose x falls into it (None where none does). x_low is
+    the first column, x_high the last."""
+    sums, counts = [0.0] * columns, [0] * columns
+    span = x_high - x_low
+    for x, y in zip(xs, ys, strict=True):
+        column = round((x - x_low) / span * (columns - 1)) if span > 0 else 0
+        column = min(columns - 1, max(0, column))
+        sums[column] += y
+        counts[column] += 1
+    return [total / count if count else None for total, count in zip(sums, counts, strict=True)]
+
+
+def dot_grid(samples: list[float | None], width: int, height: int, low: float, high: float) -> list[list[int]]:
+    """The braille bits of each cell (rows top first) drawing `samples`, one per dot column, between low and
+    high: a dot at each sample, the columns between two samples filled by linear interpolation, and a vertical run
+    from each column's level to the next one's, so a steep change reads as a line rather than scattered dots."""
+    rows = height * 4
     span = high - low if high > low else 1.0
     grid = [[0] * width for _ in range(height)]
 
     def level(value: float) -> int:
         return rows - 1 - round((value - low) / span * (rows - 1))
 
-    # Dots at each sample, columns between two samples filled by linear interpolation, and a vertical run from
-    # each column's level to the next one's, so a steep change reads as a line rather than scattered dots.
     points = [(column, level(value)) for column, value in enumerate(samples) if value is not None]
     levels: dict[int, int] = {}
     for (c0, r0), (c1, r1) in itertools.pairwise(points):
@@ -59,42 +76,95 @@ def braille_plot(ys: list[float], width: int, height: int) -> tuple[list[str], f
         for r in range(top, bottom + 1):
             grid[r // 4][column // 2] |= _DOT[r % 4][column % 2]
         previous = row
-    lines = ["".join(chr(_BRAILLE_BASE + bits) if bits else " " for bits in row) for row in grid]
-    return lines, low, high
+    return grid
+
+
+def braille_plot(
+    curves: Sequence[Curve], width: int, height: int
+) -> tuple[list[list[list[int]]], float, float, float, float]:
+    """Each curve's cell bits on shared axes, and the ranges shown: (grids, y low, y high, x low, x high)."""
+    shown = [(xs, ys) for xs, ys in curves if ys]
+    if not shown or width <= 0 or height <= 0:
+        return [[[0] * max(width, 0) for _ in range(max(height, 0))] for _ in curves], 0.0, 0.0, 0.0, 0.0
+    x_low, x_high = min(xs[0] for xs, _ in shown), max(xs[-1] for xs, _ in shown)
+    samples = [dot_columns(xs, ys, width * 2, x_low, x_high) if ys else [] for xs, ys in curves]
+    known = [value for column in samples for value in column if value is not None]
+    low, high = min(known), max(known)
+    grids = [dot_grid(column, width, height, low, high) for column in samples]
+    return grids, low, high, x_low, x_high
 
 
 class LineChart(Widget):
-    """A titled chart of one series, with its range and newest value."""
+    """A titled chart of a series (and optionally a second one over it), with its range and newest values."""
 
     DEFAULT_CSS = """
     LineChart { width: 1fr; height: 1fr; min-height: 4; border: round $panel-lighten-2; padding: 0 0; }
     """
     version: reactive[int] = reactive(0)
 
-    def __init__(self, title: str, *, id: str | None = None, style: str = "cyan") -> None:
+    def __init__(
+        self, title: str, *, id: str | None = None, style: str = "cyan", overlay_title: str | None = None,
+        overlay_style: str = "yellow",
+    ) -> None:  # fmt: skip
         super().__init__(id=id)
         self.title = title
         self.series = DecimatedSeries()
+        self.overlay: DecimatedSeries | None = None
+        self.marks: tuple[Mark, ...] = ()
         self.style = style
+        self.overlay_title = overlay_title
+        self.overlay_style = overlay_style
         self.border_title = title
 
-    def show(self, series: DecimatedSeries) -> None:
-        self.series = series
-        self.border_subtitle = f"last {number(series.last)}" if series.last is not None else "no data"
+    def show(self, series: DecimatedSeries, overlay: DecimatedSeries | None = None, marks: Sequence[Mark] = ()) -> None:
+        self.series, self.overlay, self.marks = series, overlay, tuple(marks)
+        subtitle = f"last {number(series.last)}" if series.last is not None else "no data"
+        if self.overlay_title is not None:
+            has_overlay = overlay is not None and overlay.last is not None
+            self.border_title = f"[{self.style}]{self.title}[/]" + (
+                f" · [{self.overlay_style}]{self.overlay_title}[/]" if has_overlay else ""
+            )
+            if overlay is not None and overlay.last is not None:  # short: a narrow chart cuts its subtitle
+                subtitle = f"{number(series.last)} · {self.overlay_title} {number(overlay.last)}"
+        self.border_subtitle = subtitle
         self.version += 1  # the series object may be the same one, grown: force a repaint
 
     def render(self) -> Text:
         width = max(1, self.size.width - LABEL_WIDTH)
         height = max(1, self.size.height)
-        _, ys = self.series.points()
-        if not ys:
+        curves: list[Curve] = [self.series.points()]
+        styles = [self.style]
+        if self.overlay is not None:
+            curves.append(self.overlay.points())
+            styles.append(self.overlay_style)
+        if not curves[0][1]:
             return Text("waiting for data", style="dim")
-        lines, low, high = braille_plot(ys, width, height)
+        grids, low, high, x_low, x_high = braille_plot(curves, width, height)
+        tints: dict[int, str] = {}
+        for mark in self.marks:
+            if x_low <= mark.x <= x_high:
+                column = round((mark.x - x_low) / (x_high - x_low) * (2 * width - 1)) if x_high > x_low else 0
+                tints.setdefault(column // 2, mark.style)  # the first mark of a cell shows
         text = Text(no_wrap=True, overflow="crop")
-        for index, line in enumerate(lines):
+        for index in range(height):
             label = number(high) if index == 0 else number(low) if index == height - 1 else ""
             text.append(f"{label:>{LABEL_WIDTH - 1}} ", style="dim")
-            text.append(line, style=self.style)
+            run: list[str] = []
+            run_style = ""  # consecutive cells of one style become one span
+            for cell in range(width):
+                bits, style = 0, ""
+                for grid, curve_style in zip(grids, styles, strict=True):
+                    if grid[index][cell]:
+                        bits |= grid[index][cell]
+                        style = curve_style  # the series drawn last shows on top
+                if cell in tints:
+                    style = f"{style} {tints[cell]}".strip()
+                if style != run_style and run:
+                    text.append("".join(run), style=run_style)
+                    run = []
+                run_style = style
+                run.append(chr(_BRAILLE_BASE + bits) if bits else " ")
+            text.append("".join(run), style=run_style)
             if index < height - 1:
                 text.append("\n")
         return text

@@ -8,6 +8,7 @@ file (and the line, for a corrupt JSON line); a half-written last line is simply
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,6 +33,8 @@ from xtop.series import DecimatedSeries
 
 DEFAULT_STALE_AFTER_S = 60.0
 RATE_WINDOW = 20  # steps over which the ETA's step rate is measured
+MAX_SKIPPED_SHOWN = 200
+MAX_EVALS_KEPT = 64
 
 
 @dataclass
@@ -59,6 +62,10 @@ class RunSnapshot:
     max_steps: int | None = None
     eta_s: float | None = None
     loss: DecimatedSeries = field(default_factory=DecimatedSeries)
+    eval_loss: DecimatedSeries = field(default_factory=DecimatedSeries)
+    last_eval: tuple[int, float] | None = None  # (step, eval loss) of the newest evaluation
+    resumes: list[tuple[int, int]] = field(default_factory=list)  # (first step logged, checkpoint step resumed from)
+    skipped: list[int] = field(default_factory=list)  # steps whose update was skipped (the newest MAX_SKIPPED_SHOWN)
     tokens_per_s: DecimatedSeries = field(default_factory=DecimatedSeries)
     grad_norm: DecimatedSeries = field(default_factory=DecimatedSeries)
     ranks: list[RankStatus] = field(default_factory=list)
@@ -76,9 +83,9 @@ class RunSnapshot:
         are copied; everything else a poll replaces rather than changes (records, which are frozen, rank statuses,
         meta, report)."""
         return replace(
-            self, loss=self.loss.copy(), tokens_per_s=self.tokens_per_s.copy(),
-            grad_norm=self.grad_norm.copy(), ranks=list(self.ranks), problems=list(self.problems),
-            notes=list(self.notes),
+            self, loss=self.loss.copy(), eval_loss=self.eval_loss.copy(), tokens_per_s=self.tokens_per_s.copy(),
+            grad_norm=self.grad_norm.copy(), resumes=list(self.resumes), skipped=list(self.skipped),
+            ranks=list(self.ranks), problems=list(self.problems), notes=list(self.notes),
         )  # fmt: skip
 
 
@@ -93,7 +100,10 @@ class RunSource:
         self._metrics = follow_metrics(self.run_dir)
         self._rank_followers: dict[int, RecordFollower[RankStepRecord]] = {}
         self._rank_last: dict[int, RankStepRecord] = {}
-        self._recent: list[tuple[int, float]] = []  # (step, time_unix_s) of the newest records, for the ETA
+        self._recent: list[tuple[int, float]] = []
+        self._evals: list[
+            tuple[int, float]
+        ] = []  # (step, eval loss), the newest MAX_EVALS_KEPT  # (step, time_unix_s) of the newest records, for the ETA
         self._report_stamp: tuple[int, int] | None = None
 
     def poll(self, now_wall_s: float | None = None) -> RunSnapshot:
@@ -129,9 +139,23 @@ class RunSource:
 
     def _take_metrics(self, snap: RunSnapshot, record: StepRecord) -> None:
         snap.steps_seen += 1
+        if record.resumed_from_step is not None:
+            self._resumed(snap, record.step, record.resumed_from_step)
+        previous = snap.last
         snap.last = record
-        x = float(record.step)
+        if previous is not None and previous.step == record.step:  # a step logged twice: the later fields count
+            update = {name: getattr(record, name) for name in record.model_fields_set}
+            snap.last = previous.model_copy(update=update | {"skipped": previous.skipped or record.skipped})
+        x = float(record.step)  # the series take the record's own figures: a field logged once is one point
         snap.loss.append(x, record.loss)
+        snap.eval_loss.append(x, record.eval_loss)
+        if record.eval_loss is not None and math.isfinite(record.eval_loss):
+            self._evals.append((record.step, record.eval_loss))
+            del self._evals[:-MAX_EVALS_KEPT]
+            snap.last_eval = self._evals[-1]
+        if record.skipped and record.step not in snap.skipped[-1:]:
+            snap.skipped.append(record.step)
+            del snap.skipped[:-MAX_SKIPPED_SHOWN]
         snap.tokens_per_s.append(x, record.tokens_per_s)
         snap.grad_norm.append(x, record.grad_norm)
         if record.max_steps is not None:
@@ -139,6 +163,17 @@ class RunSource:
         self._recent.append((record.step, record.time_unix_s))
         del self._recent[:-RATE_WINDOW]
         snap.eta_s = self._eta(snap)
+
+    def _resumed(self, snap: RunSnapshot, first_step: int, from_step: int) -> None:
+        """A new attempt logs the steps after its checkpoint again: the earlier attempt's are forgotten."""
+        snap.resumes.append((first_step, from_step))
+        for series in (snap.loss, snap.eval_loss, snap.tokens_per_s, snap.grad_norm):
+            series.drop_after(from_step)
+        snap.skipped = [step for step in snap.skipped if step <= from_step]
+        self._evals = [(step, value) for step, value in self._evals if step <= from_step]
+        snap.last_eval = self._evals[-1] if self._evals else None
+        snap.last = None
+        self._recent.clear()  # the step rate of the new attempt only
 
     def _eta(self, snap: RunSnapshot) -> float | None:
         if snap.max_steps is None or len(self._recent) < 2 or snap.step is None:

@@ -7,6 +7,7 @@ averaged in pairs too). Appending stays O(1) amortised and drawing costs the sam
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field, replace
 
@@ -36,6 +37,16 @@ class DecimatedSeries:
             self.xs = [(self.xs[i] + self.xs[i + 1]) / 2 for i in range(0, len(self.xs), 2)]
             self.ys = [(self.ys[i] + self.ys[i + 1]) / 2 for i in range(0, len(self.ys), 2)]
             self.stride *= 2
+
+    def drop_after(self, x: float) -> None:
+        """Forget the points after `x` (a resumed run logs those steps again). A stored point that merged raw
+        points on both sides of `x` stays."""
+        stored = bisect.bisect_right(self.xs, x)
+        pending = [p for p in self._pending if p[0] <= x]
+        self.count -= (len(self.xs) - stored) * self.stride + len(self._pending) - len(pending)
+        del self.xs[stored:], self.ys[stored:]
+        self._pending = pending
+        self.last = pending[-1][1] if pending else self.ys[-1] if self.ys else None
 
     def copy(self) -> DecimatedSeries:
         """An independent copy: appending to either leaves the other as it was."""

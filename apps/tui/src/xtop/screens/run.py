@@ -1,6 +1,7 @@
-"""The run screen: a run directory followed live. Loss, tokens/s and grad-norm curves; step of max, ETA, MFU,
-learning rate, skipped steps; per rank the memory allocated and peak and the heartbeat's age, stale ranks
-flagged."""
+"""The run screen: a run directory followed live. Loss (with the eval loss over it), tokens/s and grad-norm
+curves, the steps where the run resumed or skipped its update marked on the loss chart; step of max, ETA, the
+last eval loss, MFU, learning rate, skipped steps; per rank the memory allocated and peak and the heartbeat's
+age, stale ranks flagged."""
 
 from __future__ import annotations
 
@@ -13,13 +14,17 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.widgets import Footer, Static
 
-from xtop.chart import LineChart
+from xtop.chart import LineChart, Mark
 from xtop.fmt import bar, duration, gib, number
 from xtop.jobs import state_style
 from xtop.screens.base import ModeBar, XtopScreen, set_content, show
 
 if TYPE_CHECKING:
     from xtop.run_source import RunSnapshot  # deeptrace's readers load in the worker, after the first paint
+
+EVAL_STYLE = "bold yellow"
+RESUMED_STYLE = "on dark_blue"
+SKIPPED_STYLE = "on dark_red"
 
 
 class RunScreen(XtopScreen):
@@ -35,7 +40,7 @@ class RunScreen(XtopScreen):
         yield Static(id="run-title")
         yield Static(id="run-stats")
         with Horizontal(id="run-charts"):
-            yield LineChart("loss", id="chart-loss", style="green")
+            yield LineChart("loss", id="chart-loss", style="green", overlay_title="eval", overlay_style=EVAL_STYLE)
             yield LineChart("tokens/s", id="chart-tokens", style="cyan")
             yield LineChart("grad norm", id="chart-grad", style="magenta")
         yield Static(id="run-ranks")
@@ -77,7 +82,7 @@ class RunScreen(XtopScreen):
             self._clear()
             return
         show(self.query_one("#run-stats", Static), _stats(snap))
-        self.query_one("#chart-loss", LineChart).show(snap.loss)
+        self.query_one("#chart-loss", LineChart).show(snap.loss, snap.eval_loss, _marks(snap))
         self.query_one("#chart-tokens", LineChart).show(snap.tokens_per_s)
         self.query_one("#chart-grad", LineChart).show(snap.grad_norm)
         set_content(self.query_one("#run-ranks", Static), _ranks(snap, self.xtop.memory_capacity()))
@@ -86,6 +91,7 @@ class RunScreen(XtopScreen):
             notes.append(f" {line}\n", style="bold red")
         for line in snap.notes:
             notes.append(f" {line}\n", style="yellow")
+        notes.append_text(_marks_legend(snap))
         notes.rstrip()
         show(self.query_one("#run-notes", Static), notes)
 
@@ -106,8 +112,10 @@ def _stats(snap: RunSnapshot) -> Text:
     text.append("  ETA ")
     text.append(duration(snap.eta_s) if step != snap.max_steps else "done", style="bold")
     mfu, lr = (None, None) if last is None else (last.mfu, last.lr)
+    evaluated = snap.last_eval
     fields = (
         ("loss", number(None if last is None else last.loss)),
+        ("eval", "-" if evaluated is None else f"{number(evaluated[1])} @{evaluated[0]}"),
         ("tok/s", number(None if last is None else last.tokens_per_s)),
         ("grad", number(None if last is None else last.grad_norm)),
         ("lr", "-" if lr is None else f"{lr:.2e}"),
@@ -118,6 +126,35 @@ def _stats(snap: RunSnapshot) -> Text:
         text.append(f"  {name} ")
         text.append(value, style="bold")
     return text
+
+
+def _marks(snap: RunSnapshot) -> list[Mark]:
+    return [Mark(first, RESUMED_STYLE) for first, _ in snap.resumes] + [Mark(s, SKIPPED_STYLE) for s in snap.skipped]
+
+
+def _marks_legend(snap: RunSnapshot) -> Text:
+    """What the loss chart's tinted columns mean: one line each for resumes and skipped steps."""
+    text = Text()
+    if snap.resumes:
+        text.append(" ")
+        text.append("  ", style=RESUMED_STYLE)
+        text.append(
+            " resumed at " + ", ".join(f"step {first} ({_resumed_from(step)})" for first, step in snap.resumes[-3:])
+        )
+        text.append(f" and {len(snap.resumes) - 3} earlier" if len(snap.resumes) > 3 else "")
+        text.append("\n")
+    if snap.skipped:
+        shown = snap.skipped[-8:]
+        text.append(" ")
+        text.append("  ", style=SKIPPED_STYLE)
+        text.append(" skipped: step" + ("s " if len(snap.skipped) > 1 else " ") + ", ".join(map(str, shown)))
+        text.append(f" (and {len(snap.skipped) - len(shown)} before)" if len(snap.skipped) > len(shown) else "")
+        text.append("\n")
+    return text
+
+
+def _resumed_from(step: int) -> str:
+    return "no checkpoint: started over" if step == 0 else f"from step {step}"
 
 
 def _ranks(snap: RunSnapshot, capacity: tuple[int, str] | None) -> Table:
