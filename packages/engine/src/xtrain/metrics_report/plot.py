@@ -2,7 +2,7 @@
 
 Several runs overlay in each panel, one colour per run throughout, labelled by the run's name. A noisy loss is
 drawn faint with its moving average over it; resumes are dotted vertical lines, skipped steps crosses on the
-loss panel. matplotlib is imported here only (Agg, no display)."""
+loss panel; a grad norm with a spike gets a log scale. matplotlib is imported here only (Agg, no display)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from xtrain.metrics_report.runs import RunMetrics
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
+LOG_SCALE_FROM = 20  # a grad norm whose largest value is this many times its smallest gets a log scale
 SMOOTH_FROM = 40  # points from which the loss gets a moving average over it
 PANELS = (
     ("loss", "training loss"),
@@ -32,6 +33,9 @@ def write_plot(runs: list[RunMetrics], path: Path) -> None:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    first, last = min(r.records[0].step for r in runs), max(r.records[-1].step for r in runs)
+    pad = max(0.5, 0.02 * (last - first))
+    x_range = (first - pad, last + pad)
     fig, grid = plt.subplots(2, 2, figsize=(12, 7.5), layout="constrained")
     try:
         for axes, (field, title) in zip(grid.flat, PANELS, strict=True):
@@ -42,6 +46,9 @@ def write_plot(runs: list[RunMetrics], path: Path) -> None:
             axes.set_xlabel("step")
             axes.set_ylabel(title.split(" (")[0])
             axes.grid(visible=True, alpha=0.3)
+            axes.set_xlim(*x_range)  # every panel on the same steps, so they read against each other
+            if field == "grad_norm" and _spread(runs, field) > LOG_SCALE_FROM:
+                axes.set_yscale("log")  # a spike would flatten the rest of the curve
             if drawn:
                 axes.legend(loc="best", fontsize="small")
             else:
@@ -76,6 +83,12 @@ def _draw(axes: Axes, run: RunMetrics, field: str, colour: str) -> int:
         label = f"{run.label}: resumed at {where}" if field == "loss" and index == 0 else None
         axes.axvline(first, color=colour, linestyle=":", linewidth=1, label=label)
     return 1
+
+
+def _spread(runs: list[RunMetrics], field: str) -> float:
+    """The largest positive value of the field over its smallest (1 without two)."""
+    values = [v for run in runs for r in run.records if (v := getattr(r, field)) is not None and 0 < v < math.inf]
+    return max(values) / min(values) if len(values) > 1 else 1.0
 
 
 def _moving_average(values: list[float], window: int) -> list[float]:
