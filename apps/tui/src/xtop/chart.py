@@ -134,40 +134,57 @@ class LineChart(Widget):
         height = max(1, self.size.height)
         curves: list[Curve] = [self.series.points()]
         styles = [self.style]
-        if self.overlay is not None:
+        if self.overlay is not None and self.overlay.count:
             curves.append(self.overlay.points())
             styles.append(self.overlay_style)
         if not curves[0][1]:
             return Text("waiting for data", style="dim")
         grids, low, high, x_low, x_high = braille_plot(curves, width, height)
-        tints: dict[int, str] = {}
-        for mark in self.marks:
-            if x_low <= mark.x <= x_high:
-                column = round((mark.x - x_low) / (x_high - x_low) * (2 * width - 1)) if x_high > x_low else 0
-                tints.setdefault(column // 2, mark.style)  # the first mark of a cell shows
+        tints = _tinted_cells(self.marks, width, x_low, x_high)
         text = Text(no_wrap=True, overflow="crop")
         for index in range(height):
             label = number(high) if index == 0 else number(low) if index == height - 1 else ""
             text.append(f"{label:>{LABEL_WIDTH - 1}} ", style="dim")
-            run: list[str] = []
-            run_style = ""  # consecutive cells of one style become one span
-            for cell in range(width):
-                bits, style = 0, ""
-                for grid, curve_style in zip(grids, styles, strict=True):
-                    if grid[index][cell]:
-                        bits |= grid[index][cell]
-                        style = curve_style  # the series drawn last shows on top
-                if cell in tints:
-                    style = f"{style} {tints[cell]}".strip()
-                if style != run_style and run:
-                    text.append("".join(run), style=run_style)
-                    run = []
-                run_style = style
-                run.append(chr(_BRAILLE_BASE + bits) if bits else " ")
-            text.append("".join(run), style=run_style)
+            for segment, style in _row_segments([grid[index] for grid in grids], styles, tints):
+                text.append(segment, style=style)
             if index < height - 1:
                 text.append("\n")
         return text
+
+
+def _tinted_cells(marks: Sequence[Mark], width: int, x_low: float, x_high: float) -> dict[int, str]:
+    """The cell column of each mark within the x range, and its style (the first mark of a cell shows)."""
+    tints: dict[int, str] = {}
+    for mark in marks:
+        if x_low <= mark.x <= x_high:
+            column = round((mark.x - x_low) / (x_high - x_low) * (2 * width - 1)) if x_high > x_low else 0
+            tints.setdefault(column // 2, mark.style)
+    return tints
+
+
+def _row_segments(rows: list[list[int]], styles: list[str], tints: dict[int, str]) -> list[tuple[str, str]]:
+    """One text row of the chart as (characters, style) runs: a cell takes the style of the last series with a
+    dot in it (the overlay shows on top), plus its tint."""
+    if len(rows) == 1 and not tints:  # one series, nothing marked: the row is one span
+        return [("".join(chr(_BRAILLE_BASE + bits) if bits else " " for bits in rows[0]), styles[0])]
+    segments: list[tuple[str, str]] = []
+    run: list[str] = []
+    run_style = ""
+    for cell in range(len(rows[0])):
+        bits, style = 0, ""
+        for row, curve_style in zip(rows, styles, strict=True):
+            if row[cell]:
+                bits |= row[cell]
+                style = curve_style
+        if cell in tints:
+            style = f"{style} {tints[cell]}".strip()
+        if style != run_style and run:
+            segments.append(("".join(run), run_style))
+            run = []
+        run_style = style
+        run.append(chr(_BRAILLE_BASE + bits) if bits else " ")
+    segments.append(("".join(run), run_style))
+    return segments
 
 
 def finite(value: float | None) -> bool:
