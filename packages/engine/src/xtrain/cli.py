@@ -106,7 +106,7 @@ def train(config_path: Path, run_dir: Path | None, overrides: tuple[str, ...], r
             sys.exit(launch.launch_torchrun(config_path, resolved_run_dir, overrides, resume, nproc))
         from xtrain.train.trainer import train as run_training  # noqa: PLC0415
 
-        run_training(config, resolved_run_dir, resume=resume)
+        run_training(config, resolved_run_dir, resume=resume, config_name=config_path.stem)
     except XtrainError as error:
         if not launch.report_user_error(str(error)):
             click.echo(f"xtrain: error: {error}", err=True)

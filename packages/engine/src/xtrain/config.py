@@ -217,6 +217,17 @@ class EvalSection(_Section):
         return bool(self.sources)
 
 
+class TrackSection(_Section):
+    """``[track]``: experiment trackers rank 0 reports the step records to (each an optional extra of xtrain)."""
+
+    tensorboard: bool = False
+    """Event files in RUN_DIR/tensorboard/ (``xtrain[tensorboard]``)."""
+    mlflow: str | None = None
+    """An MLflow tracking URI: a local folder or a ``sqlite:///`` store (``xtrain[mlflow]``)."""
+    wandb: Literal["offline"] | None = None
+    """``offline``: a W&B offline run in RUN_DIR/wandb, for ``wandb sync`` later (``xtrain[wandb]``)."""
+
+
 class PlanSection(_Section):
     """``[plan]``: the cluster a config is sized for, which ``xtrain plan`` uses when no flag says otherwise.
     ``xtrain train`` ignores it (a run's size is the processes it is started with)."""
@@ -244,6 +255,7 @@ class TrainConfig(_Section):
     trace: TraceSection = TraceSection()
     checkpoint: CheckpointSection = CheckpointSection()
     eval: EvalSection = EvalSection()
+    track: TrackSection = TrackSection()
     plan: PlanSection = PlanSection()
 
 

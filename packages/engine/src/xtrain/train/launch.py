@@ -42,8 +42,12 @@ def resolve_run_dir(run_dir: Path | None, config_path: Path) -> Path:
 
 
 def load_and_check(config_path: Path, overrides: tuple[str, ...]) -> TrainConfig:
-    """The validated config, with every file and folder it names present (ConfigError otherwise)."""
+    """The validated config, with every file and folder it names present and the optional extras of its trackers
+    installed (ConfigError otherwise)."""
+    from xtrain.train.tracking.extras import check_tracker_extras  # noqa: PLC0415
+
     config = load_train_config(config_path, overrides)
+    check_tracker_extras(config)
     problems = missing_paths(config)
     if problems:
         raise ConfigError(

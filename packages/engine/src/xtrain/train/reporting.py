@@ -25,6 +25,7 @@ from xtrain.train.measure import StepMeasure
 from xtrain.train.metrics import MemoryFigures, mfu
 from xtrain.train.progress import ProgressLine
 from xtrain.train.step import StepResult
+from xtrain.train.tracking import Trackers, tracked_scalars
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,13 @@ class StepFacts:
 
 
 class StepReporter:
-    def __init__(self, writer: RunWriter, figures: RunFigures, progress: ProgressLine) -> None:
+    def __init__(
+        self, writer: RunWriter, figures: RunFigures, progress: ProgressLine, trackers: Trackers | None = None
+    ) -> None:
         self.writer = writer
         self.figures = figures
         self.progress = progress
+        self.trackers = trackers if trackers is not None else Trackers([])
         self._queue: queue.Queue[StepFacts | None] = queue.Queue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._work, name="xtrain-step-records", daemon=True)
@@ -93,6 +97,7 @@ class StepReporter:
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
+        self.trackers.close()
         self._raise_error()
 
     def _raise_error(self) -> None:
@@ -110,12 +115,15 @@ class StepReporter:
                 self._error = error
 
     def _write(self, facts: StepFacts) -> None:
-        self.writer.append_rank_step(rank_record(facts, self.writer.rank))
+        mine = rank_record(facts, self.writer.rank)
+        self.writer.append_rank_step(mine)
         if self.figures.is_main:
-            self.writer.append_step(step_record(facts, self.figures))
+            record = step_record(facts, self.figures)
+            self.writer.append_step(record)
             done = facts.step - self.figures.start_step
             eta = facts.train_elapsed_s / done * (self.figures.max_steps - facts.step)
             self.progress.update(facts.step, facts.result.loss, _tokens(facts.packs) / facts.step_time_s, eta_s=eta)
+            self.trackers.log(facts.step, tracked_scalars(record, mine))  # never raises: see Trackers
 
 
 def rank_record(facts: StepFacts, rank: int) -> RankStepRecord:

@@ -58,6 +58,7 @@ from xtrain.train.progress import ProgressLine
 from xtrain.train.reporting import Resumed, RunFigures, StepFacts, StepReporter
 from xtrain.train.schedule import build_scheduler
 from xtrain.train.step import GlobalBatch, MicroBatch, StepResult, train_step
+from xtrain.train.tracking import open_trackers
 
 log = logging.getLogger("xtrain")
 
@@ -70,6 +71,7 @@ def train(
     *,
     resume: str = "auto",
     finish: Callable[[Transformer], Finished] | None = None,
+    config_name: str | None = None,
 ) -> Finished | None:
     """Run the whole training job in this process (one rank of it).
 
@@ -79,13 +81,13 @@ def train(
     the full weights); its result is returned."""
     dist_ctx = init_distributed()
     try:
-        model = _train(config, run_dir, dist_ctx, resume)
+        model = _train(config, run_dir, dist_ctx, resume, config_name or run_dir.name)
         return finish(model) if finish is not None else None
     finally:
         close_distributed()
 
 
-def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed, resume: str) -> Transformer:
+def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed, resume: str, config_name: str) -> Transformer:
     world = dist_ctx.world_size
     parallel_layout = check_world_size(config, world, dist_ctx.local_world_size)
     # Which checkpoint, checked against the model, before any file is written (a bad one overwrites nothing).
@@ -96,9 +98,9 @@ def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed, resume: st
         log.warning("%s", warning)
     collector = Collector(run_dir, dist_ctx.rank, world, trace=config.trace.enabled)
     try:
-        model = Trainer(config, run_dir, dist_ctx, writer, collector, parallel_layout=parallel_layout).run(
-            resume_from=decision.point
-        )
+        trainer = Trainer(config, run_dir, dist_ctx, writer, collector, parallel_layout=parallel_layout)
+        trainer.config_name = config_name
+        model = trainer.run(resume_from=decision.point)
     except BaseException as error:
         collector.close("crashed", error=f"{type(error).__name__}: {error}")
         raise
@@ -127,6 +129,8 @@ class Trainer:
         parallel_layout: ParallelLayout,
     ) -> None:
         self.started = time.perf_counter()
+        self.config_name = run_dir.name
+        """What trackers name the experiment after (the config file's name under ``xtrain train``)."""
         self.config, self.run_dir, self.dist, self.writer, self.collector = config, run_dir, dist_ctx, writer, collector
         self.model_cfg = resolve_model_config(config)
         torch.manual_seed(config.train.seed)
@@ -176,7 +180,10 @@ class Trainer:
         )
         train_started = time.perf_counter()
         with progress, kineto_profiler(self.config, self.run_dir, self.dist) as profiler:
-            reporter = StepReporter(self.writer, figures, progress)
+            trackers = None
+            if self.dist.is_main:
+                trackers = open_trackers(self.config, self.run_dir, config_name=self.config_name, start_step=start_step)
+            reporter = StepReporter(self.writer, figures, progress, trackers)
             try:
                 for step in range(start_step + 1, max_steps + 1):
                     facts = self._step(step, train_started, resumed if step == start_step + 1 else None)
