@@ -20,12 +20,15 @@ Convention (stated because MFU figures are only comparable under one): a trainin
 No recomputation (activation checkpointing) is counted: MFU counts the model's FLOPs, not the hardware's.
 """
 
+import functools
+from collections import Counter
 from collections.abc import Sequence
 
 from xtrain.model.config import ModelConfig
 from xtrain.model.sizes import count_parameters
 
 
+@functools.lru_cache(maxsize=16)  # a configuration is immutable; the planner's search asks thousands of times
 def matmul_training_flops_per_token(config: ModelConfig) -> int:
     """6 · N_active: training FLOPs per token of all weight matmuls (independent of document lengths)."""
     return 6 * count_parameters(config).active_matmul
@@ -48,8 +51,15 @@ def causal_attention_pairs(doc_lengths: Sequence[int], window: int | None = None
 def attention_training_flops(config: ModelConfig, doc_lengths: Sequence[int]) -> int:
     """Training FLOPs of QKᵀ and P·V over all layers for documents of these lengths (causal, per document)."""
     per_pair = 6 * config.num_attention_heads * (config.head_dim + config.value_head_dim)
-    pairs = {window: causal_attention_pairs(doc_lengths, window) for window in {None, config.sliding_window}}
-    return per_pair * sum(pairs[config.layer_window(i)] for i in range(config.num_layers))
+    return per_pair * sum(
+        layers * causal_attention_pairs(doc_lengths, window) for window, layers in _layers_by_window(config)
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _layers_by_window(config: ModelConfig) -> tuple[tuple[int | None, int], ...]:
+    """(window, how many layers have it): None for full attention."""
+    return tuple(Counter(config.layer_window(i) for i in range(config.num_layers)).items())
 
 
 def training_flops(config: ModelConfig, doc_lengths: Sequence[int]) -> int:

@@ -56,10 +56,29 @@ def node_of(rank: int, processes_per_node: int) -> int:
 
 
 def peers(group_ranks: Sequence[int], rank: int, processes_per_node: int) -> tuple[int, int]:
-    """(the group's other ranks on ``rank``'s node, those on other nodes); ``group_ranks`` are global ranks."""
+    """(the group's other ranks on ``rank``'s node, those on other nodes); ``group_ranks`` are global ranks.
+
+    A ``range`` (the planner's groups: consecutive or strided ranks) is counted in closed form, any other
+    sequence rank by rank; both give the same counts."""
     node = node_of(rank, processes_per_node)
-    same = sum(1 for other in group_ranks if other != rank and node_of(other, processes_per_node) == node)
+    if isinstance(group_ranks, range):
+        first, last = node * processes_per_node, (node + 1) * processes_per_node  # the node's ranks [first, last)
+        same = _in_interval(group_ranks, first, last) - (rank in group_ranks)
+    else:
+        same = sum(1 for other in group_ranks if other != rank and node_of(other, processes_per_node) == node)
     return same, len(group_ranks) - 1 - same
+
+
+def _in_interval(ranks: range, first: int, last: int) -> int:
+    """How many of ``ranks`` lie in [first, last)."""
+    if ranks.step < 0:
+        ranks = ranks[::-1]
+    start, step = ranks.start, ranks.step
+
+    def index(bound: int) -> int:  # the first index whose rank is >= bound, within [0, len]
+        return min(len(ranks), max(0, -((start - bound) // step)))
+
+    return max(0, index(last) - index(first))
 
 
 def all_gather_bytes(input_bytes: int, group_ranks: Sequence[int], rank: int, processes_per_node: int) -> LinkBytes:
@@ -96,6 +115,15 @@ def all_to_all_bytes(
         else:
             inter += nbytes
     return LinkBytes(intra, inter)
+
+
+def uniform_all_to_all_bytes(
+    bytes_each: int, group_ranks: Sequence[int], rank: int, processes_per_node: int
+) -> LinkBytes:
+    """An all-to-all in which this rank sends ``bytes_each`` to every rank of the group: the same as
+    :func:`all_to_all_bytes` with ``[bytes_each] * len(group_ranks)``."""
+    same, other = peers(group_ranks, rank, processes_per_node)
+    return LinkBytes(same * bytes_each, other * bytes_each)
 
 
 def total_by_kind(parts: dict[str, LinkBytes]) -> dict[str, LinkBytes]:

@@ -38,16 +38,23 @@ each), for the FSDP groups of :func:`xtrain.plan.shapes.fsdp_groups` (those of `
   figure differs by how unbalanced that step's routing was. Recomputing a checkpointed layer replays its
   exchanges and sends nothing.
 
+Everything but the all-to-all depends only on the model, the layout, the dtype, the rank and the two FSDP
+switches, so it is computed once per such combination (a search plans thousands of candidates on a few
+layouts); each collective's bytes come from the group's size and its ranks on this rank's node, counted in
+closed form (the groups are ranges of ranks), with the same rounding as the per-peer convention.
+
 Not counted: checkpoint saves, the data pipeline's start-up, and collectives of other kinds (barriers,
 broadcasts), as the measurement does not count them either.
 """
 
 from __future__ import annotations
 
+import functools
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from xtrain.config import TrainConfig
 from xtrain.model.config import ModelConfig
@@ -58,8 +65,8 @@ from xtrain.parallel.comm_volume import (
     LinkBytes,
     all_gather_bytes,
     all_reduce_bytes,
-    all_to_all_bytes,
     reduce_scatter_bytes,
+    uniform_all_to_all_bytes,
 )
 from xtrain.parallel.fsdp import REDUCE_DTYPE
 from xtrain.parallel.layout import ParallelLayout
@@ -91,27 +98,56 @@ def comm_bytes_per_step(
     tokens = config.data.pack_tokens if pack_tokens is None else pack_tokens
     micro = config.train.global_batch // layout.world_size if micro_batches is None else micro_batches
     param_bytes = compute_dtype(config, torch.device(device_type)).itemsize
-    ranks = RankGroups(layout, rank)
-    net = meta_model(model)
-    groups = fsdp_groups(model, layout, reshard_after_forward=config.parallel.reshard_after_forward)
-    blocks = [module for module in net.modules() if isinstance(module, MoEBlock)]
-    per_micro = _fsdp(groups, ranks, param_bytes, _regathered(groups, model, prefetch=config.parallel.prefetch))
-    counts = sum(block.config.num_experts for block in blocks) * _COUNT_BYTES
-    if blocks:
-        per_micro["all_reduce"] += ranks.sent("all_reduce", counts, ranks.world)
+    parallel = config.parallel
+    fixed = _fixed_bytes(model, layout, rank, param_bytes, parallel.reshard_after_forward, parallel.prefetch)
+    per_micro = dict(fixed.per_micro)
     if layout.expert_parallel:
         per_micro["all_to_all"] = _exchanges(
-            blocks,
-            ranks,
+            fixed.moe_blocks,
+            RankGroups(layout, rank),
             tokens=tokens,
             hidden=model.hidden_size,
-            slices=config.parallel.domino_slices,
+            slices=parallel.domino_slices,
             param_bytes=param_bytes,
         )
     total = {kind: per_micro[kind] * micro for kind in KINDS}
-    total["all_reduce"] += ranks.sent("all_reduce", _LOSS_BYTES + counts * bool(blocks), ranks.world)
-    total["all_reduce"] += _grad_norm(net, ranks)
+    total["all_reduce"] += fixed.per_step_all_reduce
     return total
+
+
+@dataclass(frozen=True)
+class _FixedBytes:
+    """What a step sends that depends neither on the tokens nor on the micro-batches."""
+
+    per_micro: tuple[tuple[str, LinkBytes], ...]
+    """Per micro-batch, by kind: FSDP's collectives, HSDP's all-reduce and the router's counts (no all-to-all)."""
+    per_step_all_reduce: LinkBytes
+    """Once per step: the logged losses, the router's probability sums and the gradient norm."""
+    moe_blocks: tuple[tuple[tuple[int, int], int], ...]
+    """The MoE blocks' (experts, experts per token), with how many blocks have them."""
+
+
+@functools.lru_cache(maxsize=256)  # a search plans thousands of candidates on a few layouts
+def _fixed_bytes(  # noqa: PLR0917 (the cache's key)
+    model: ModelConfig, layout: ParallelLayout, rank: int, param_bytes: int, reshard_after_forward: bool, prefetch: bool
+) -> _FixedBytes:
+    ranks = RankGroups(layout, rank)
+    groups = fsdp_groups(model, layout, reshard_after_forward=reshard_after_forward)
+    experts = _moe_experts(model)
+    per_micro = _fsdp(groups, ranks, param_bytes, _regathered(groups, model, prefetch=prefetch))
+    counts = sum(num_experts for num_experts, _ in experts) * _COUNT_BYTES
+    if experts:
+        per_micro["all_reduce"] += ranks.sent("all_reduce", counts, ranks.world)
+    per_step = ranks.sent("all_reduce", _LOSS_BYTES + counts * bool(experts), ranks.world)
+    per_step += _grad_norm(model, ranks)
+    return _FixedBytes(tuple(per_micro.items()), per_step, tuple(Counter(experts).items()))
+
+
+@functools.lru_cache(maxsize=8)
+def _moe_experts(model: ModelConfig) -> tuple[tuple[int, int], ...]:
+    """Each MoE block's (experts, experts per token), in module order."""
+    blocks = (module for module in meta_model(model).modules() if isinstance(module, MoEBlock))
+    return tuple((block.config.num_experts, block.config.num_experts_per_tok) for block in blocks)
 
 
 @dataclass(frozen=True)
@@ -122,35 +158,35 @@ class RankGroups:
     rank: int
 
     @property
-    def world(self) -> list[int]:
-        return list(range(self.layout.world_size))
+    def world(self) -> range:
+        return range(self.layout.world_size)
 
     @property
-    def dense_shard(self) -> list[int]:
+    def dense_shard(self) -> range:
         """The replica group's ranks: FSDP's shard ranks of every non-expert parameter."""
         size = self.layout.dense_shard
         first = self.rank // size * size
-        return list(range(first, first + size))
+        return range(first, first + size)
 
     @property
-    def replicas(self) -> list[int]:
+    def replicas(self) -> range:
         """The ranks holding the same shards in the other replica groups (HSDP's all-reduce)."""
         size = self.layout.dense_shard
-        return [replica * size + self.rank % size for replica in range(self.layout.replicate)]
+        return range(self.rank % size, self.layout.replicate * size, size)
 
     @property
-    def expert_shard(self) -> list[int]:
+    def expert_shard(self) -> range:
         """The ranks holding the same experts inside the replica group (the experts' FSDP ranks)."""
         ep, first = self.layout.ep, self.rank // self.layout.dense_shard * self.layout.dense_shard
-        return [first + fsdp * ep + self.rank % ep for fsdp in range(self.layout.shard)]
+        return range(first + self.rank % ep, first + self.layout.shard * ep, ep)
 
     @property
-    def ep_group(self) -> list[int]:
+    def ep_group(self) -> range:
         """The ranks exchanging tokens with this one (consecutive)."""
         first = self.rank // self.layout.ep * self.layout.ep
-        return list(range(first, first + self.layout.ep))
+        return range(first, first + self.layout.ep)
 
-    def sent(self, kind: str, nbytes: int, group: list[int]) -> LinkBytes:
+    def sent(self, kind: str, nbytes: int, group: Sequence[int]) -> LinkBytes:
         """This rank's bytes in one collective of ``kind`` of ``nbytes`` (the input; an all-gather's per rank)."""
         per_node = self.layout.processes_per_node
         if kind == "all_gather":
@@ -176,44 +212,59 @@ def _regathered(groups: list[FsdpGroup], model: ModelConfig, *, prefetch: bool) 
 def _fsdp(groups: list[FsdpGroup], ranks: RankGroups, param_bytes: int, regathered: set[str]) -> dict[str, LinkBytes]:
     """One micro-batch's FSDP collectives (see the module docstring)."""
     reduce_bytes = REDUCE_DTYPE.itemsize
+    expert_shard, dense_shard, replicas = ranks.expert_shard, ranks.dense_shard, ranks.replicas
     sent = dict.fromkeys(KINDS, NOTHING)
     for group in groups:
-        shard = ranks.expert_shard if group.kind == "experts" else ranks.dense_shard
+        shard = expert_shard if group.kind == "experts" else dense_shard
         gathers = (2 if group.reshard_after_forward else 1) + (group.name in regathered)
         sent["all_gather"] += ranks.sent("all_gather", group.shard_numel * param_bytes, shard) * gathers
         sent["reduce_scatter"] += ranks.sent("reduce_scatter", group.gathered_numel * reduce_bytes, shard)
         if ranks.layout.replicate > 1:
-            sent["all_reduce"] += ranks.sent("all_reduce", group.shard_numel * reduce_bytes, ranks.replicas)
+            sent["all_reduce"] += ranks.sent("all_reduce", group.shard_numel * reduce_bytes, replicas)
     return sent
 
 
 def _exchanges(
-    blocks: list[MoEBlock], ranks: RankGroups, *, tokens: int, hidden: int, slices: int, param_bytes: int
+    blocks: tuple[tuple[tuple[int, int], int], ...],
+    ranks: RankGroups,
+    *,
+    tokens: int,
+    hidden: int,
+    slices: int,
+    param_bytes: int,
 ) -> LinkBytes:
-    """One micro-batch's all-to-alls under expert parallelism, expected under uniform routing."""
+    """One micro-batch's all-to-alls under expert parallelism, expected under uniform routing (``blocks``: each
+    (experts, experts per token) with how many MoE blocks have it)."""
     group, per_node = ranks.ep_group, ranks.layout.processes_per_node
     sent = NOTHING
-    for block in blocks:
-        moe = block.config
-        split_sizes = slices * (moe.num_experts // len(group)) * _COUNT_BYTES
-        sent += all_to_all_bytes([split_sizes] * len(group), group, ranks.rank, per_node)
+    for (num_experts, top_k), count in blocks:
+        split_sizes = slices * (num_experts // len(group)) * _COUNT_BYTES
+        block = uniform_all_to_all_bytes(split_sizes, group, ranks.rank, per_node)
         # Per destination: tokens·K/ep rows each way, dispatched (D + 1) and combined (D), and their gradients.
-        rows = tokens * moe.num_experts_per_tok / len(group)
+        rows = tokens * top_k / len(group)
         row_bytes = round(rows * (2 * (hidden + 1) + 2 * hidden) * param_bytes)
-        sent += all_to_all_bytes([row_bytes] * len(group), group, ranks.rank, per_node)
+        block += uniform_all_to_all_bytes(row_bytes, group, ranks.rank, per_node)
+        sent += block * count
     return sent
 
 
-def _grad_norm(net: nn.Module, ranks: RankGroups) -> LinkBytes:
+@functools.lru_cache(maxsize=8)
+def _gradient_bytes(model: ModelConfig, expert_parallel: bool) -> tuple[int, int]:
+    """One element per gradient, in its dtype: (the dense mesh's, the experts' mesh's; 0 without EP)."""
+    net = meta_model(model)
+    experts = {id(p) for m in net.modules() if isinstance(m, MoEBlock) for p in m.experts.parameters()}
+    if not expert_parallel:
+        experts = set()
+    params = list(net.parameters())
+    dense = sum(p.element_size() for p in params if id(p) not in experts)
+    return dense, sum(p.element_size() for p in params if id(p) in experts)
+
+
+def _grad_norm(model: ModelConfig, ranks: RankGroups) -> LinkBytes:
     """The gradient norm's all-reduces: one element per gradient of each mesh, over its sharded dimensions (the
     replica group for both meshes)."""
-    experts = {id(p) for m in net.modules() if isinstance(m, MoEBlock) for p in m.experts.parameters()}
-    params = list(net.parameters())
-    if not ranks.layout.expert_parallel:
-        experts = set()
-    dense = [p for p in params if id(p) not in experts]
-    sent = ranks.sent("all_reduce", sum(p.element_size() for p in dense), ranks.dense_shard)
-    expert_bytes = sum(p.element_size() for p in params if id(p) in experts)
+    dense_bytes, expert_bytes = _gradient_bytes(model, ranks.layout.expert_parallel)
+    sent = ranks.sent("all_reduce", dense_bytes, ranks.dense_shard)
     if expert_bytes:  # sharded over fsdp × ep: one all-reduce over both, the replica group
         sent += ranks.sent("all_reduce", expert_bytes, ranks.dense_shard)
     return sent

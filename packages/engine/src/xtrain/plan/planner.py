@@ -9,6 +9,7 @@ links from :mod:`xtrain.plan.comm`, time from :mod:`xtrain.plan.estimate`, FLOPs
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -82,16 +83,25 @@ def planned_model(config: TrainConfig) -> ModelConfig:
     from xtrain.model.sizes import model_config  # noqa: PLC0415
     from xtrain.train.build import resolve_model_config  # noqa: PLC0415
 
-    hf_path = config.model.hf_path
-    if hf_path is not None and not (hf_path / "config.json").is_file() and config.plan.model_size is not None:
+    if _stands_in(config) and config.plan.model_size is not None:
         return model_config(config.plan.model_size)
     return resolve_model_config(config)
+
+
+def _stands_in(config: TrainConfig) -> bool:
+    """Whether ``plan.model_size`` stands in for a ``model.hf_path`` that is not on this machine."""
+    hf_path = config.model.hf_path
+    return hf_path is not None and not (hf_path / "config.json").is_file() and config.plan.model_size is not None
 
 
 def make_plan(config: TrainConfig, cluster: Cluster) -> Plan:
     from xtrain.train.launch import check_world_size  # noqa: PLC0415
 
-    layout = check_world_size(config, cluster.gpus, cluster.gpus_per_node)
+    checked = config
+    if _stands_in(config):  # the layout check reads the experts from the model: from the named size here
+        named = config.model.model_copy(update={"size": config.plan.model_size, "hf_path": None})
+        checked = config.model_copy(update={"model": named})
+    layout = check_world_size(checked, cluster.gpus, cluster.gpus_per_node)
     model = planned_model(config)
     return plan_for(config, model, layout, cluster.device)
 
@@ -166,13 +176,18 @@ def _work(
     expert = 0.0
     if model.moe is not None:
         moe = model.moe
-        moe_layers = sum(model.is_moe_layer(i) for i in range(model.num_layers))
+        moe_layers = _moe_layer_count(model)
         expert = 6.0 * moe.num_experts_per_tok * 3 * model.hidden_size * moe.moe_intermediate_size * moe_layers
         expert *= tokens * micro
     offload = 0
     if config.memory.offload:
         offload = 2 * len(checkpointed) * tokens * model.hidden_size * dt * micro
     return StepWork(per_rank, recompute, expert, comm, offload, shard_numel, model.num_layers)
+
+
+@functools.lru_cache(maxsize=8)
+def _moe_layer_count(model: ModelConfig) -> int:
+    return sum(model.is_moe_layer(i) for i in range(model.num_layers))
 
 
 def _settings(config: TrainConfig) -> dict[str, Any]:
