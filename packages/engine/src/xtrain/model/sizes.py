@@ -2,6 +2,9 @@
 
 - ``debug``: a tiny Qwen3-MoE-shaped model for tests and the demo (runs on a laptop CPU in milliseconds).
 - ``debug-dense``: the same without experts (a Qwen3 dense model).
+- ``cpu-moe``: a larger Qwen3-MoE-shaped model that still trains on a CPU in seconds (6 layers, 16 experts of
+  which 4 per token, hidden 256): the second model of tools/bench/plan_accuracy.py, where the sharded state and
+  the activations weigh differently than in ``debug``.
 - ``qwen3-30b-a3b`` and ``qwen3-235b-a22b``: the shapes of the released Qwen/Qwen3-30B-A3B and
   Qwen/Qwen3-235B-A22B checkpoints (their config.json values), used for FLOP and memory estimates.
 - ``deepseek-v3-671b``, ``kimi-k2-1t``, ``gpt-oss-20b``, ``gpt-oss-120b``: the published DeepSeek-V3, Kimi K2 and
@@ -64,6 +67,22 @@ def _debug_dense() -> ModelConfig:
     return _debug().model_copy(update={"moe": None, "mlp_only_layers": (), "tie_word_embeddings": True})
 
 
+def _cpu_moe() -> ModelConfig:
+    return ModelConfig(
+        vocab_size=1024,
+        hidden_size=256,
+        num_layers=6,
+        num_attention_heads=8,
+        num_kv_heads=4,
+        head_dim=32,
+        intermediate_size=768,
+        rope_theta=10_000.0,
+        max_position_embeddings=16384,
+        moe=MoEConfig(num_experts=16, num_experts_per_tok=4, moe_intermediate_size=128, norm_topk_prob=True),
+        mlp_only_layers=(0,),
+    )
+
+
 def _qwen3_30b_a3b() -> ModelConfig:
     # Qwen/Qwen3-30B-A3B config.json.
     return ModelConfig(
@@ -113,6 +132,7 @@ def _qwen3_235b_a22b() -> ModelConfig:
 MODEL_SIZES: dict[str, Callable[[], ModelConfig]] = {
     "debug": _debug,
     "debug-dense": _debug_dense,
+    "cpu-moe": _cpu_moe,
     "qwen3-30b-a3b": _qwen3_30b_a3b,
     "qwen3-235b-a22b": _qwen3_235b_a22b,
     "deepseek-v3-671b": deepseek_v3_671b,

@@ -1,29 +1,55 @@
 """Per-rank memory of a training step, by part, from the same config, model and layout the trainer uses.
 
-What each part counts (B: bytes; dt: the compute dtype's size, 2 in bf16, 4 in fp32; T: tokens of one pack,
-one micro-batch; D hidden size; shard numels from :mod:`xtrain.plan.shapes`, padded as FSDP2 pads them):
+Legend: B bytes; dt the compute dtype's size (2 in bf16, 4 in fp32); T tokens of one pack (one micro-batch);
+D hidden size; Q = H·hd and C = KV·hd the query and key/value widths (H heads, KV key/value heads); I the dense
+MLP's width; E experts, K of them per token, F an expert's width, S = T·K routed rows; V vocabulary; shard numels
+from :mod:`xtrain.plan.shapes`, padded as FSDP2 pads them.
+
+**Where the peak is.** The tensor peak of a step is the largest of four moments, each the sum of what is live
+then (measured with ``trace.memory`` and the profiler's memory events, tools/bench/plan_accuracy.py):
+
+- ``backward``: the start of the last decoder layer's backward (the last micro-batch's). Every layer's saved
+  activations are still held, the last layer's parameters are still gathered and the layer below is being
+  gathered ahead of it, and the last layer's backward has its first gradients in flight. This is the peak
+  whenever activations matter.
+- ``reduce_scatter``: the end of the last layer's backward: its saved activations are freed, but its gradients
+  are unsharded (dt) and copied into the reduce-scatter's fp32 input, beside its gathered parameters and the
+  layer below's. The peak when a layer's parameters outweigh its activations.
+- ``loss``: the end of the forward, inside the chunked loss's last chunk: every saved activation, the logits
+  chunk and the gradients the loss builds in its forward.
+- ``optimizer``: the update: the full gradients and the optimizer's temporaries, no activation. The peak when
+  the sharded state dominates (short packs, many parameters per rank).
+
+The parts are those of the moment that peaks (the others are zero there), so ``tensor_peak_bytes`` is their sum:
 
 - ``parameters``: the sharded fp32 master weights, 4 B per element of the rank's shards;
-- ``gradients``: their sharded fp32 gradients, 4 B per element (held from the first backward on);
-- ``optimizer``: AdamW's two fp32 moments, 8 B per element;
-- ``fsdp_buffers``: layers gathered in dt: the largest layer (its experts' group included) twice with prefetch
-  (the one computing and the next one arriving), its unsharded gradient before the reduce-scatter, and the
-  groups never resharded between forward and backward (the last layer, the head, the root);
-- ``activations``: what forward keeps for backward, per layer: a checkpointed layer its input [T, D] (under
-  expert parallelism also the exchange tape, about 2·K·T·D, which stays on the device), any other layer its
-  full set of saved tensors (:func:`layer_activation_bytes_per_token`); with offload only
-  ``offload_resident_layers`` inputs stay on the device; plus the backward's recompute of one checkpointed layer;
-- ``offload_host``: not device memory: the checkpoints offload keeps in host memory (``host_bytes``);
-- ``loss``: the chunked loss's working set, one chunk of logits (:mod:`xtrain.loss.chunk_size`) plus the
-  final hidden states and their gradient;
-- ``all_to_all``: under expert parallelism, the send and receive buffers of one MoE layer's dispatch (T·K rows
-  of D), for the slices in flight (two at most under Domino);
+- ``gradients``: their sharded fp32 gradients, 4 B per element. At the optimizer step all of them; during the
+  forward and backward of the first micro-batch only those already reduced (the head's, reduced right after
+  the loss), of a later micro-batch all of them (accumulated);
+- ``optimizer``: AdamW's two fp32 moments, 8 B per element; at the update also the foreach implementation's
+  temporary (the square root of the second moments, 4 B per element: the CPU's foreach AdamW; the fused kernel
+  on CUDA has none);
+- ``fsdp_buffers``: unsharded parameters in dt: the head (never resharded after forward) and, at the ``backward``
+  moment, the last layer (never resharded) and, with prefetch, the layer below it (gathered ahead); at the
+  ``loss`` moment the last layer; the groups kept unsharded by ``reshard_after_forward = false`` throughout;
+- ``activations``: what forward saved for backward: for a layer that is not checkpointed its full set
+  (:func:`layer_activation_bytes_per_token`, counted tensor by tensor from what autograd saves), for a
+  checkpointed one its input [T, D] in dt and the routing it saves (top-k values and indices, 12·K B per token;
+  under expert parallelism also the exchange tape, about 2·K·T·D); the rotary tables (2·hd·dt per token) and the
+  final norm's saved tensors. With offload only ``offload_resident_layers`` inputs stay on the device and the rest
+  is host memory (``host_bytes``; on the CPU the host is the device, so they count here). At the ``backward``
+  moment also the recompute of the last layer when it is checkpointed (its full set) and that layer's backward
+  working set (:func:`backward_working_bytes_per_token`);
+- ``loss``: at the ``loss`` moment the chunk's logits (:mod:`xtrain.loss.chunk_size`) and their fp32 gradient,
+  the hidden states' gradient [T, D] in dt and the head's fp32 weight gradient [V, D], which the chunked loss
+  computes in its forward; at the ``backward`` moment the two gradients (the weight's in dt);
+- ``all_to_all``: under expert parallelism, at the ``backward`` moment the send and receive buffers of one MoE
+  layer's gradient exchange (S rows of D in dt), for the Domino slices in flight (two at most);
 - ``headroom``: the device's allocator headroom (a fraction of the rest; none on the CPU).
 
-The peak is the sum of the device parts: the parameters, gradients and optimizer state exist throughout; the
-activations are at their largest when backward starts, which is where the loss, the last gathered layers and the
-first recompute meet. Micro-batches do not add up: each one's backward frees its activations before the next
-forward.
+What the model does not see: data-dependent sizes (the rows each rank receives under expert parallelism, a
+document's attention when the masked-softmax path materialises its scores) are taken at their uniform or
+per-token values.
 """
 
 from __future__ import annotations
@@ -39,34 +65,82 @@ from xtrain.plan.shapes import FsdpGroup
 
 MASTER_BYTES = 4  # fp32 master weights (and their gradients)
 ADAM_BYTES = 8  # two fp32 moments
+FP32 = 4
+INDEX = 8  # int64
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
     parts: dict[str, int]
-    """Device bytes by part (the names of the module docstring, headroom included)."""
+    """Device bytes by part (the names of the module docstring, headroom included), at the peak's moment."""
     host_bytes: int
     peak_bytes: int
     tensor_peak_bytes: int
     """The peak without the allocator headroom: what ``trace.memory`` measures as ``mem_tensor_peak_bytes``."""
+    moment: str = "backward"
+    """Where in the step the peak is: ``backward``, ``reduce_scatter``, ``loss`` or ``optimizer``."""
 
 
-def layer_activation_bytes_per_token(model: ModelConfig, layer: int, dt: int) -> int:
+def _norm_bytes(width: int, rows: int, dt: int, *, output_saved: bool) -> int:
+    """An RMSNorm of ``width`` over ``rows`` rows per token: its fp32 input (the input itself in fp32, an fp32
+    copy otherwise), the normalised values cast back (dt), the fp32 reciprocal root per row, and its output (dt)
+    when the next operation saves it (the projections do, the rotary embedding does not)."""
+    return (FP32 + dt + (dt if output_saved else 0)) * width + FP32 * rows
+
+
+def layer_activation_bytes_per_token(
+    model: ModelConfig, layer: int, dt: int, *, attention_output_copy: bool = True
+) -> int:
     """Bytes per token a layer's forward saves for its backward when it is not checkpointed (see docs/plan.md):
-    the norms' inputs and outputs, q, k, v before and after their norms and rotary embedding, the attention
-    output with its log-sum-exp, and the MLP's (or the experts') inputs, hidden activations and outputs."""
+
+    - the attention's input norm (its output is the q, k, v projections' input), q's and k's per-head norms, the
+      rotated q and k and v (the attention kernel's inputs), the attention output with its fp32 log-sum-exp per
+      head, and on the per-document SDPA path (``attention_output_copy``: CPU and fp32) the o-projection's
+      contiguous copy of that output;
+    - the MLP's norm (its output is the MLP's input); a dense MLP's gate and up outputs, the SiLU and the product
+      (4·I in dt); an MoE block's router (fp32 logits and probabilities, top-k values, indices and their sum,
+      log-sum-exp: 8E + 12K + 8 B), the permutation's three int64 index vectors of S rows and the rows' routing
+      weights (dt), the dispatched rows [S, D], the experts' gate-up output [S, 2F] and activation [S, F] (dt), and
+      the shared experts' MLP (4·F_shared in dt).
+
+    Counted against what autograd saves in a forward of the ``debug`` and ``cpu-moe`` models in fp32 and bf16
+    (exact to the byte per token)."""
     d = model.hidden_size
-    q = model.num_attention_heads * model.head_dim
-    kv = model.num_kv_heads * model.head_dim
-    attention = dt * (3 * d + 4 * q + 4 * kv) + 4 * model.num_attention_heads
+    heads, kv_heads = model.num_attention_heads, model.num_kv_heads
+    q, kv = heads * model.head_dim, kv_heads * model.head_dim
+    attention = (
+        _norm_bytes(d, 1, dt, output_saved=True)
+        + _norm_bytes(q, heads, dt, output_saved=False)
+        + _norm_bytes(kv, kv_heads, dt, output_saved=False)
+        + dt * (q + 2 * kv)  # rotated q and k, and v: the kernel's inputs
+        + dt * q
+        + FP32 * heads  # the output and its log-sum-exp
+        + (dt * q if attention_output_copy else 0)
+    )
+    ffn_norm = _norm_bytes(d, 1, dt, output_saved=True)
     moe = model.moe
     if moe is not None and model.is_moe_layer(layer):
-        k, f = moe.num_experts_per_tok, moe.moe_intermediate_size
-        shared = 4 * moe.shared_intermediate_size
-        mlp = dt * (2 * d + 2 * k * d + 4 * k * f + shared) + 8 * moe.num_experts + 12 * k
+        k, f, e = moe.num_experts_per_tok, moe.moe_intermediate_size, moe.num_experts
+        router = FP32 * 2 * e + (FP32 + INDEX) * k + 2 * FP32
+        permutation = 3 * INDEX * k + dt * k
+        experts = dt * k * (d + 3 * f)
+        shared = dt * 4 * moe.shared_intermediate_size
+        mlp = router + permutation + experts + shared
     else:
-        mlp = dt * (2 * d + 4 * model.intermediate_size)
-    return attention + mlp
+        mlp = dt * 4 * model.intermediate_size
+    return attention + ffn_norm + mlp
+
+
+def backward_working_bytes_per_token(model: ModelConfig, layer: int, dt: int) -> int:
+    """Bytes per token a layer's backward holds on top of its saved activations when it starts (its MLP's
+    backward): the gradient flowing down [T, D], and for an MoE block the SwiGLU's backward (the gate-up
+    gradient [S, 2F] and four [S, F] temporaries) with the down projection's input gradient and its copy
+    (2·[S, F]); for a dense MLP the same with I for K·F."""
+    moe = model.moe
+    width = moe.num_experts_per_tok * moe.moe_intermediate_size if moe and model.is_moe_layer(layer) else None
+    if width is None:
+        width = model.intermediate_size
+    return dt * (model.hidden_size + 8 * width)
 
 
 def plan_memory(
@@ -78,58 +152,144 @@ def plan_memory(
     dt: int,
     pack_tokens: int,
     headroom: float,
+    device_type: str | None = None,
 ) -> MemoryPlan:
-    """Per-rank memory of ``config`` on ``model`` under ``layout`` (see the module docstring)."""
+    """Per-rank memory of ``config`` on ``model`` under ``layout`` (see the module docstring). ``device_type``
+    ``cpu``: the host is the device (offloaded checkpoints count), AdamW runs foreach (one temporary), attention
+    takes the per-document SDPA path; None: the CPU when ``headroom`` is 0 (the one device planned without
+    allocator headroom, see xtrain.plan.devices), a GPU otherwise."""
+    on_cpu = device_type == "cpu" if device_type is not None else headroom == 0
     shard = sum(group.shard_numel for group in groups)
-    activations, host = _activations(config, model, layout, dt, pack_tokens)
-    parts = {
-        "parameters": MASTER_BYTES * shard,
+    micro = max(1, config.train.global_batch // layout.world_size)
+    reduced = shard if micro > 1 else sum(g.shard_numel for g in groups if g.kind == "head")
+    saved, host = _saved_activations(config, model, layout, dt, pack_tokens, on_cpu=on_cpu)
+    state = {"parameters": MASTER_BYTES * shard, "optimizer": ADAM_BYTES * shard}
+    zero = {"fsdp_buffers": 0, "activations": 0, "loss": 0, "all_to_all": 0}
+
+    foreach_temporary = FP32 * shard if on_cpu else 0  # fused AdamW on CUDA has none
+    optimizer_moment = {
+        **state,
         "gradients": MASTER_BYTES * shard,
-        "optimizer": ADAM_BYTES * shard,
-        "fsdp_buffers": _fsdp_buffers(groups, dt, prefetch=config.parallel.prefetch),
-        "activations": activations,
-        "loss": _loss_bytes(config, model, dt, pack_tokens),
+        **zero,
+        "optimizer": ADAM_BYTES * shard + foreach_temporary,
+    }
+    last_layer = _last_layer_bytes(config, model, dt, pack_tokens, on_cpu=on_cpu)
+    backward_moment = {
+        **state,
+        "gradients": MASTER_BYTES * reduced,
+        "fsdp_buffers": _fsdp_buffers(groups, dt, prefetch=config.parallel.prefetch, backward=True),
+        "activations": saved + last_layer,
+        "loss": dt * pack_tokens * model.hidden_size + dt * model.vocab_size * model.hidden_size,
         "all_to_all": _all_to_all_bytes(config, model, layout, dt, pack_tokens),
     }
+    loss_moment = {
+        **state,
+        "gradients": MASTER_BYTES * (shard if micro > 1 else 0),
+        "fsdp_buffers": _fsdp_buffers(groups, dt, prefetch=config.parallel.prefetch, backward=False),
+        "activations": saved,
+        "loss": _loss_bytes(config, model, dt, pack_tokens),
+        "all_to_all": 0,
+    }
+    last_gathered = _last_layer_gathered(groups)
+    reduce_moment = {
+        **backward_moment,
+        "fsdp_buffers": backward_moment["fsdp_buffers"] + (dt + FP32) * last_gathered,
+        "activations": saved
+        - _last_layer_saved(config, model, dt, pack_tokens, on_cpu=on_cpu)
+        + dt * pack_tokens * model.hidden_size,
+        "all_to_all": 0,
+    }
+    moments = {
+        "backward": backward_moment,
+        "reduce_scatter": reduce_moment,
+        "loss": loss_moment,
+        "optimizer": optimizer_moment,
+    }
+    moment = max(moments, key=lambda name: sum(moments[name].values()))
+    order = ("parameters", "gradients", "optimizer", "fsdp_buffers", "activations", "loss", "all_to_all")
+    parts = {name: moments[moment][name] for name in order}
     tensor_peak = sum(parts.values())
     parts["headroom"] = int(headroom * tensor_peak)
-    return MemoryPlan(parts, host, tensor_peak + parts["headroom"], tensor_peak)
+    return MemoryPlan(parts, 0 if on_cpu else host, tensor_peak + parts["headroom"], tensor_peak, moment)
 
 
-def _fsdp_buffers(groups: list[FsdpGroup], dt: int, *, prefetch: bool) -> int:
+def _last_layer_gathered(groups: list[FsdpGroup]) -> int:
+    last = max((g.layer for g in groups if g.layer is not None), default=None)
+    return sum(g.gathered_numel for g in groups if g.layer is not None and g.layer == last)
+
+
+def _last_layer_saved(config: TrainConfig, model: ModelConfig, dt: int, tokens: int, *, on_cpu: bool) -> int:
+    """What the last layer's forward saved (freed by the end of its backward)."""
+    last = model.num_layers - 1
+    if last in set(checkpointed_layers(config.memory.checkpointing, model.num_layers)):
+        return tokens * model.hidden_size * dt
+    copy = on_cpu or dt == 4
+    return tokens * layer_activation_bytes_per_token(model, last, dt, attention_output_copy=copy)
+
+
+def _fsdp_buffers(groups: list[FsdpGroup], dt: int, *, prefetch: bool, backward: bool) -> int:
     per_layer: dict[int, int] = {}
     for group in groups:
         if group.layer is not None:
             per_layer[group.layer] = per_layer.get(group.layer, 0) + group.gathered_numel
-    largest = max(per_layer.values(), default=0)
     kept = sum(g.gathered_numel for g in groups if not g.reshard_after_forward and g.layer is None)
-    last = per_layer[max(per_layer)] if per_layer else 0
-    in_flight = (2 if prefetch else 1) * largest + largest  # gathered layers and one unsharded gradient
-    return dt * (in_flight + kept + last)
+    last_index = max(per_layer, default=None)
+    last = per_layer[last_index] if last_index is not None else 0
+    unresharded = sum(
+        g.gathered_numel
+        for g in groups
+        if g.layer is not None and g.layer != last_index and not g.reshard_after_forward
+    )
+    below = 0
+    if backward and prefetch and last_index is not None:
+        below = per_layer.get(last_index - 1, 0)
+        if not all(g.reshard_after_forward for g in groups if g.layer == last_index - 1):
+            below = 0  # still gathered from the forward: counted in unresharded
+    return dt * (kept + last + below + unresharded)
 
 
-def _activations(
-    config: TrainConfig, model: ModelConfig, layout: ParallelLayout, dt: int, tokens: int
+def _saved_activations(
+    config: TrainConfig, model: ModelConfig, layout: ParallelLayout, dt: int, tokens: int, *, on_cpu: bool
 ) -> tuple[int, int]:
-    """(device bytes, host bytes) of what forward keeps for backward, at the start of backward."""
+    """(device bytes, host bytes) of what forward keeps for backward, at the end of the forward."""
     layers = model.num_layers
     checkpointed = set(checkpointed_layers(config.memory.checkpointing, layers))
     checkpoint = tokens * model.hidden_size * dt
     moe = model.moe
+    copy = on_cpu or dt == 4  # the per-document SDPA path: CPU, and fp32 anywhere
     tape_rows = 2 * moe.num_experts_per_tok if (moe is not None and layout.expert_parallel) else 0
+    routing = (FP32 + INDEX) * moe.num_experts_per_tok if moe is not None else 0
 
     # The exchange tape of a checkpointed MoE layer (dispatched and combined rows) stays on the device until the
     # layer's backward; offload moves only the layer's input.
-    tapes = sum(tape_rows * checkpoint for i in checkpointed if model.is_moe_layer(i))
-    full = sum(tokens * layer_activation_bytes_per_token(model, i, dt) for i in range(layers) if i not in checkpointed)
+    moe_checkpointed = sum(1 for i in checkpointed if model.is_moe_layer(i))
+    kept_routing = moe_checkpointed * tokens * (routing + tape_rows * model.hidden_size * dt)
+    full = sum(
+        tokens * layer_activation_bytes_per_token(model, i, dt, attention_output_copy=copy)
+        for i in range(layers)
+        if i not in checkpointed
+    )
     inputs = len(checkpointed) * checkpoint
     host = 0
     if config.memory.offload and checkpointed:
-        host = inputs
-        inputs = min(config.memory.offload_resident_layers, len(checkpointed)) * checkpoint
-    recompute = max((tokens * layer_activation_bytes_per_token(model, i, dt) for i in checkpointed), default=0)
-    embeddings = 2 * checkpoint  # the embedding output and the final norm's input
-    return full + inputs + tapes + recompute + embeddings, host
+        resident = min(config.memory.offload_resident_layers, len(checkpointed))
+        host = (len(checkpointed) - 1) * checkpoint  # the top checkpointed layer is never offloaded
+        inputs = resident * checkpoint
+        if on_cpu:
+            inputs += host  # the host buffers are in the same memory
+    rotary = tokens * 2 * model.rotary_dim * dt
+    final_norm = tokens * _norm_bytes(model.hidden_size, 1, dt, output_saved=False)
+    return full + inputs + kept_routing + rotary + final_norm, host
+
+
+def _last_layer_bytes(config: TrainConfig, model: ModelConfig, dt: int, tokens: int, *, on_cpu: bool) -> int:
+    """What the last layer's backward adds when it starts: its recompute when checkpointed, its working set."""
+    last = model.num_layers - 1
+    copy = on_cpu or dt == 4
+    recompute = 0
+    if last in set(checkpointed_layers(config.memory.checkpointing, model.num_layers)):
+        recompute = tokens * layer_activation_bytes_per_token(model, last, dt, attention_output_copy=copy)
+    return recompute + tokens * backward_working_bytes_per_token(model, last, dt)
 
 
 def _loss_bytes(config: TrainConfig, model: ModelConfig, dt: int, tokens: int) -> int:
@@ -142,8 +302,9 @@ def _loss_bytes(config: TrainConfig, model: ModelConfig, dt: int, tokens: int) -
     else:  # "auto": as the trainer picks it
         chunk = auto_chunk_tokens(model.vocab_size, dtype, device=torch.device("cuda" if dt == 2 else "cpu"))
     chunk = min(chunk, tokens)
-    hidden = 2 * tokens * model.hidden_size * dt  # the final hidden states and their gradient
-    return chunk * chunk_bytes_per_token(model.vocab_size, dtype) + hidden
+    logits = chunk * (chunk_bytes_per_token(model.vocab_size, dtype) + FP32 * model.vocab_size)
+    gradients = dt * tokens * model.hidden_size + FP32 * model.vocab_size * model.hidden_size
+    return logits + gradients
 
 
 def _all_to_all_bytes(config: TrainConfig, model: ModelConfig, layout: ParallelLayout, dt: int, tokens: int) -> int:
