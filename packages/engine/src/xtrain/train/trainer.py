@@ -98,8 +98,9 @@ def _train(config: TrainConfig, run_dir: Path, dist_ctx: Distributed, resume: st
         log.warning("%s", warning)
     collector = Collector(run_dir, dist_ctx.rank, world, trace=config.trace.enabled)
     try:
-        trainer = Trainer(config, run_dir, dist_ctx, writer, collector, parallel_layout=parallel_layout)
-        trainer.config_name = config_name
+        trainer = Trainer(
+            config, run_dir, dist_ctx, writer, collector, parallel_layout=parallel_layout, config_name=config_name
+        )
         model = trainer.run(resume_from=decision.point)
     except BaseException as error:
         collector.close("crashed", error=f"{type(error).__name__}: {error}")
@@ -127,9 +128,10 @@ class Trainer:
         collector: Collector,
         *,
         parallel_layout: ParallelLayout,
+        config_name: str | None = None,
     ) -> None:
         self.started = time.perf_counter()
-        self.config_name = run_dir.name
+        self.config_name = config_name or run_dir.name
         """What trackers name the experiment after (the config file's name under ``xtrain train``)."""
         self.config, self.run_dir, self.dist, self.writer, self.collector = config, run_dir, dist_ctx, writer, collector
         self.model_cfg = resolve_model_config(config)
