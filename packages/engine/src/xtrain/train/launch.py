@@ -65,18 +65,19 @@ def check_world_size(config: TrainConfig, world_size: int, processes_per_node: i
             f"train.global_batch = {config.train.global_batch} must be a multiple of the number of processes "
             f"({world_size}): each rank runs global_batch / processes packs per step"
         )
-    if config.eval.enabled and config.eval.batches % world_size:
-        raise ConfigError(
-            f"eval.batches = {config.eval.batches} must be a multiple of the number of processes ({world_size}): "
-            "each rank evaluates eval.batches / processes packs"
-        )
     num_experts = None
     if config.parallel.ep_size > 1:  # the model's config is read only when its experts are split
         from xtrain.train.build import resolve_model_config  # noqa: PLC0415
 
         moe = resolve_model_config(config).moe
         num_experts = moe.num_experts if moe is not None else None
-    return check_layout(config.parallel, world_size, processes_per_node, num_experts)
+    layout = check_layout(config.parallel, world_size, processes_per_node, num_experts)
+    if config.eval.enabled and config.eval.batches % world_size:
+        raise ConfigError(
+            f"eval.batches = {config.eval.batches} must be a multiple of the number of processes ({world_size}): "
+            "each rank evaluates eval.batches / processes packs"
+        )
+    return layout
 
 
 def check_resume(resume: str, run_dir: Path, config: TrainConfig) -> None:
