@@ -14,3 +14,8 @@ class TraceInputError(ValueError):
         self.line = line
         where = f"{self.path}:{line}" if line is not None else str(self.path)
         super().__init__(f"{where}: {problem}")
+
+
+class CutOffError(TraceInputError):
+    """A file cut off mid-record: its writer died inside a record (a node that went down), or a copy stopped short.
+    Where a reader can, it reads the records before the cut and names the cut with one of these."""

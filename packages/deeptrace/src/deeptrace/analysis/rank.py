@@ -66,6 +66,7 @@ class RankResult:
     timing: str = "gpu"  # RankTable.timing
     timing_note: str | None = None
     kinds: RankKinds | None = None  # exposure per kind of collective (analysis/kinds.py)
+    cut: str | None = None  # RankTable.cut: the file was cut off mid-record
 
     @property
     def has_comm(self) -> bool:
@@ -98,7 +99,11 @@ def load_table(job: RankJob) -> RankTable:
         table_from_spans(spans, reader.rank, str(path), offset_ns=offset, world_size=reader.world_size)
     )
     if reader.torn_bytes:
-        warnings.append(f"{path}: ignored a partly written last record ({reader.torn_bytes} bytes)")
+        table.cut = (
+            f"{path}: cut off inside its last record ({reader.torn_bytes} bytes of a record its writer never"
+            f" finished: it died mid-record, or is writing it now); read the {reader.spans_read} whole spans before it"
+        )
+        warnings.append(table.cut)
     table.warnings.extend(warnings)
     return table
 
@@ -107,7 +112,10 @@ def analyse_rank(job: RankJob) -> RankResult:
     """Parse and analyse one file. Raises TraceInputError for unusable input (the caller reports it)."""
     table = load_table(job)
     if len(table) == 0:
-        raise TraceInputError(job.path, "no GPU kernels, CPU operators or spans in the trace: nothing to analyse")
+        problem = "no GPU kernels, CPU operators or spans in the trace: nothing to analyse"
+        if table.cut is not None:
+            problem += f" ({table.cut.removeprefix(f'{job.path}: ')})"
+        raise TraceInputError(job.path, problem)
     counts = Counter(CATEGORIES[c].value for c in table.category.tolist())
     return RankResult(
         rank=table.rank,
@@ -124,6 +132,7 @@ def analyse_rank(job: RankJob) -> RankResult:
         timing=table.timing,
         timing_note=table.timing_note,
         kinds=rank_kinds(table),
+        cut=table.cut,
     )
 
 

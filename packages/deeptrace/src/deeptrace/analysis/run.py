@@ -22,6 +22,7 @@ from deeptrace.analysis.collectives import CollectiveLog, SkewResult, match_coll
 from deeptrace.analysis.flight_recorder import analyse_flight_recorder
 from deeptrace.analysis.inputs import Inputs, discover_inputs
 from deeptrace.analysis.rank import RankJob, RankResult, analyse_rank
+from deeptrace.analysis.record_files import record_files_status
 from deeptrace.analysis.stragglers import StragglerConfig, straggler_verdict
 from deeptrace.classify import ClassifyConfig
 from deeptrace.errors import TraceInputError
@@ -112,7 +113,7 @@ def analyse_run(
             note(outcome)
             status.append({"path": job.path, "kind": job.kind, "rank": None, "error": outcome})
             continue
-        status.append({"path": job.path, "kind": job.kind, "rank": outcome.rank, "error": None})
+        status.append({"path": job.path, "kind": job.kind, "rank": outcome.rank, "error": None, "cut": outcome.cut})
         for message in outcome.warnings:
             note(message)
         into = kineto if outcome.source == "kineto" else collector
@@ -121,6 +122,8 @@ def analyse_run(
             note(f"{outcome.path}: a second {outcome.source} trace of rank {outcome.rank}; kept {kept}")
             continue
         into[outcome.rank] = outcome
+    if inputs.is_run_dir:
+        status += record_files_status(inputs.run_dir, note)
     ranks = {**collector, **kineto}  # Kineto (GPU time) wins where a rank has both
     ranks = dict(sorted(ranks.items()))
 

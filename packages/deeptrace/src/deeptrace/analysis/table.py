@@ -56,6 +56,8 @@ class RankTable:
     # Bytes a row moved (collectives): the collector's nbytes, or the NCCL message size of a Kineto kernel;
     # -1 where unknown. None when the input never says (CPU-only traces).
     nbytes: npt.NDArray[np.int64] | None = None
+    # The file was cut off (its writer died mid-record): where, and what was read of it; None for a whole file.
+    cut: str | None = None
 
     def __len__(self) -> int:
         return int(self.start_ns.size)

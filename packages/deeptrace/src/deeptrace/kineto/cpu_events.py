@@ -108,7 +108,7 @@ class _Collecting:
 def read_cpu_events(path: Path) -> CpuEvents:
     """One streaming pass over the trace keeping its CPU events (the trace was already validated as Kineto)."""
     kept = _Collecting()
-    for event in TraceEventStream(path).events():
+    for event in TraceEventStream(path, allow_cut=True).events():  # a cut file: as the first pass read it
         if type(event) is dict:
             kept.add(event)
     return CpuEvents(

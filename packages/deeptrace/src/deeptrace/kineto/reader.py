@@ -135,7 +135,7 @@ class _Collected:
 
 def read_kineto(path: Path, classifier: KernelClassifier | None = None) -> RankTable:
     """Parse one Kineto trace (.json or .json.gz). Raises TraceInputError for anything that is not one."""
-    stream = TraceEventStream(path)
+    stream = TraceEventStream(path, allow_cut=True)
     kept = _Collected(classifier or KernelClassifier())
     try:
         for event in stream.events():
@@ -165,6 +165,9 @@ def read_kineto(path: Path, classifier: KernelClassifier | None = None) -> RankT
     table = read_cpu_table(path, rank, offset) if cpu_only else _build_table(path, rank, kept, offset)
     table.world_size = world_size
     table.warnings = warnings + table.warnings
+    if stream.cut is not None:
+        table.cut = f"{path}: {stream.cut}"
+        table.warnings.append(table.cut)
     return table
 
 

@@ -7,7 +7,9 @@ to the C scanner of the standard `json` module (`JSONDecoder.raw_decode`) one ev
 not parse. Top-level keys other than `traceEvents` (Kineto's metadata: schemaVersion, distributedInfo,
 deviceProperties, baseTimeNanoseconds, ...) are small and are kept in `metadata`, in whichever order they come.
 
-Every problem (not JSON, truncated file, not a trace) becomes one TraceInputError naming the file and line.
+Every problem (not JSON, truncated file, not a trace) becomes one TraceInputError naming the file and line. With
+`allow_cut`, a plain JSON file that simply stops inside `traceEvents` (the profiler's process died while writing
+it) yields the events before the cut and sets `cut` to say so, instead of raising.
 """
 
 from __future__ import annotations
@@ -44,11 +46,18 @@ def open_binary(path: Path) -> BinaryIO:
     return raw
 
 
-class TraceEventStream:
-    """Iterate `events()` once; afterwards `metadata` holds every other top-level key of the document."""
+class _EndsEarlyError(TraceInputError):
+    """The document stops before its end: the rest of the file was never written."""
 
-    def __init__(self, path: Path, chunk_chars: int = CHUNK_CHARS) -> None:
+
+class TraceEventStream:
+    """Iterate `events()` once; afterwards `metadata` holds every other top-level key of the document, and `cut`
+    (with `allow_cut`) says where a file cut off inside traceEvents stopped, or is None."""
+
+    def __init__(self, path: Path, chunk_chars: int = CHUNK_CHARS, *, allow_cut: bool = False) -> None:
         self.path = path
+        self.allow_cut = allow_cut
+        self.cut: str | None = None
         self.metadata: dict[str, Any] = {}
         self.has_trace_events = False
         self.events_read = 0
@@ -83,8 +92,10 @@ class TraceEventStream:
         return True
 
     def _error(self, problem: str, pos: int | None = None) -> TraceInputError:
-        line = None if pos is None else self._lines_before + self._buf.count("\n", 0, pos) + 1
-        return TraceInputError(self.path, problem, line)
+        return TraceInputError(self.path, problem, None if pos is None else self._line(pos))
+
+    def _line(self, pos: int) -> int:
+        return self._lines_before + self._buf.count("\n", 0, pos) + 1
 
     def _peek(self) -> str:
         """Skip whitespace and return the next character ('' at the end of the file)."""
@@ -99,7 +110,9 @@ class TraceEventStream:
         char = self._peek()
         if char == "" or char not in allowed:
             if char == "":
-                raise self._error(f"the file ends early, expected {what} (truncated?)", self._pos)
+                raise _EndsEarlyError(
+                    self.path, f"the file ends early, expected {what} (truncated?)", self._line(self._pos)
+                )
             raise self._error(f"invalid JSON: expected {what}, found {char!r}", self._pos)
         self._pos += 1
         return char
@@ -121,9 +134,10 @@ class TraceEventStream:
                 start = self._pos
                 if not self._fill():
                     if at_buffer_end:
-                        raise self._error(
+                        raise _EndsEarlyError(
+                            self.path,
                             f"the file ends inside a JSON value after {self.events_read} events (truncated?)",
-                            start,
+                            self._line(start),
                         ) from None
                     raise self._error(f"invalid JSON: {err.msg}", err.pos) from None
                 continue
@@ -153,6 +167,8 @@ class TraceEventStream:
                     if key == "traceEvents" and self._peek() == "[":
                         self.has_trace_events = True
                         yield from self._array_elements()
+                        if self.cut is not None:
+                            return
                     else:
                         self.metadata[key] = self._value()
                     if self._expect(",}", "',' or '}'") == "}":
@@ -161,6 +177,18 @@ class TraceEventStream:
                 raise self._error("invalid JSON: extra data after the end of the document", self._pos)
 
     def _array_elements(self) -> Iterator[Any]:
+        try:
+            yield from self._array_elements_to_the_end()
+        except _EndsEarlyError as error:
+            if not self.allow_cut:
+                raise
+            self.cut = (
+                f"cut off inside traceEvents at line {error.line} (the file ends there: the profiler died while"
+                f" writing it); read the {self.events_read} whole events before the cut, and none of the keys after"
+                " traceEvents"
+            )
+
+    def _array_elements_to_the_end(self) -> Iterator[Any]:
         self._pos += 1  # the '['
         if self._peek() == "]":
             self._pos += 1

@@ -107,10 +107,15 @@ class RankReport(_Model):
 
 
 class InputStatus(_Model):
+    """One file read: a trace (kind kineto, collector), or a record file (metrics, rank_records, heartbeat)."""
+
     path: str
     kind: str
     rank: int | None
-    error: str | None
+    error: str | None  # why the file was not used
+    cut: str | None = None  # the file was cut off mid-record (a writer that died): where, and what was read
+    records: int | None = None  # record files: the whole records read (step records; 1 for a heartbeat)
+    last_step: int | None = None  # record files: the step of the last whole record
 
 
 class EarlierAttempt(_Model):

@@ -3,11 +3,13 @@
 Writer: `RunWriter(run_dir, rank, world_size)` (meta.json, config.toml, metrics.jsonl as `StepRecord`s,
 ranks/rank-{R}.jsonl as `RankStepRecord`s); spans and heartbeats come from `deeptrace.collect.Collector`.
 Readers: `read_meta`, `read_metrics`, `read_rank_records`, `read_heartbeats`, `read_rank_clock`, and
-`follow_metrics` / `follow_rank_records` (typed) or `JsonlFollower` for growing files; where a rank is, from its
-heartbeat: `rank_position`. Paths: `layout`.
+`follow_metrics` / `follow_rank_records` (typed) or `JsonlFollower` for growing files (a file cut off mid-line by
+a writer that died is read up to its last whole record, and the cut named by a `CutOffError`); where a rank is,
+from its heartbeat: `rank_position`. Paths: `layout`.
 Every file and field is specified in docs/run-directory.md.
 """
 
+from deeptrace.errors import CutOffError
 from deeptrace.rundir import layout
 from deeptrace.rundir.jsonl import JsonlFollower, RecordFollower, read_jsonl
 from deeptrace.rundir.layout import FORMAT_VERSION, discover_ranks
@@ -33,6 +35,7 @@ __all__ = [
     "ClockRef",
     "CollectiveMark",
     "CommLinkBytes",
+    "CutOffError",
     "Heartbeat",
     "JsonlFollower",
     "PhaseMark",

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 from clusterx.fileio import write_atomically
 
-from deeptrace.errors import TraceInputError
+from deeptrace.errors import CutOffError, TraceInputError
 
 __all__ = ["check_format_version", "dumps", "read_json_object", "write_atomically"]
 
@@ -34,6 +34,13 @@ def read_json_object(path: Path) -> dict[str, Any]:
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
+        # The document just stops: the rest of it was never written (or never copied).
+        if exc.pos >= len(data.rstrip()) or str(exc).startswith("unexpected end of data"):
+            raise CutOffError(
+                path,
+                f"invalid JSON: cut off after {len(data)} bytes (the file ends inside its JSON object: its writer"
+                " died while writing it, or it was copied in part); not read",
+            ) from None
         raise TraceInputError(path, f"invalid JSON ({exc})") from None
     if not isinstance(obj, dict):
         raise TraceInputError(path, f"expected a JSON object, found {type(obj).__name__}")

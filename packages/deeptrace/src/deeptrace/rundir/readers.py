@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deeptrace.errors import TraceInputError
+from deeptrace.errors import CutOffError, TraceInputError
 from deeptrace.rundir import layout
 from deeptrace.rundir.jsonio import check_format_version, read_json_object
 from deeptrace.rundir.jsonl import RecordFollower, read_records
@@ -31,14 +31,18 @@ def read_config_toml(run_dir: Path | str) -> str:
         raise TraceInputError(path, "file not found") from None
 
 
-def read_metrics(run_dir: Path | str) -> list[StepRecord]:
-    """metrics.jsonl, one record per optimizer step; [] when the file does not exist (yet)."""
-    return read_records(layout.metrics_path(run_dir), StepRecord.from_line, missing_ok=True)
+def read_metrics(run_dir: Path | str, cuts: list[CutOffError] | None = None) -> list[StepRecord]:
+    """metrics.jsonl, one record per optimizer step; [] when the file does not exist (yet). A file cut off
+    mid-line is read up to its last whole record; pass `cuts` to learn where it was cut (`read_records`)."""
+    return read_records(layout.metrics_path(run_dir), StepRecord.from_line, missing_ok=True, cuts=cuts)
 
 
-def read_rank_records(run_dir: Path | str) -> dict[int, list[RankStepRecord]]:
-    """ranks/rank-{R}.jsonl of every rank that has one, keyed by rank."""
-    return {rank: read_records(path, RankStepRecord.from_line) for rank, path in rank_records_files(run_dir).items()}
+def read_rank_records(run_dir: Path | str, cuts: list[CutOffError] | None = None) -> dict[int, list[RankStepRecord]]:
+    """ranks/rank-{R}.jsonl of every rank that has one, keyed by rank (cut-off files: as `read_metrics`)."""
+    return {
+        rank: read_records(path, RankStepRecord.from_line, cuts=cuts)
+        for rank, path in rank_records_files(run_dir).items()
+    }
 
 
 def rank_records_files(run_dir: Path | str) -> dict[int, Path]:

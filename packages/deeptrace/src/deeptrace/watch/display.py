@@ -14,6 +14,7 @@ from deeptrace.watch.status import RankView, RunStatus
 COLOURS = {
     "progressing": "green", "slow": "yellow", "phase": "cyan", "waiting": "cyan", "stuck": "bold red",
     "crashed": "bold red", "gone": "red", "closed": "dim", "missing": "red",
+    "unreadable": "red",
     "healthy": "green", "hung": "bold red", "finished": "dim",
 }  # fmt: skip
 

@@ -8,6 +8,7 @@ Only the recent steps and collectives are kept (`keep`): a watch over a week-lon
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 from deeptrace.collect import trace_format as fmt
 from deeptrace.errors import TraceInputError
 from deeptrace.rundir import layout, read_rank_clock
+from deeptrace.rundir.jsonl import CUT_AFTER_S
 from deeptrace.rundir.records import ClockRef
 from deeptrace.spans import Category
 
@@ -48,6 +50,7 @@ class RankTrace:
     arrivals: deque[Arrival] = field(default_factory=deque)
     steps: deque[StepWindow] = field(default_factory=deque)
     problem: str | None = None
+    cut_at: int | None = None  # the offset at which the file was found cut off (named once)
 
     def poll(self, keep: int) -> None:
         try:
@@ -75,6 +78,14 @@ class RankTrace:
                 return
             start = fmt.HEADER.unpack_from(data, 0)[2]  # header size
         self.offset += self._parse(data, start, keep)
+        if size > self.offset and self.cut_at != self.offset and time.time() - stat.st_mtime >= CUT_AFTER_S:
+            # Bytes after the last whole record that no writer has added to for a while: the rank's writer died
+            # inside a record (a node that went down). Named once; the spans before it are what the rank did.
+            self.cut_at = self.offset
+            self.problem = self.problem or (
+                f"{self.path}: cut off inside its last record ({size - self.offset} bytes of a record its writer"
+                " never finished: it died mid-record); followed up to the last whole record"
+            )
 
     def _parse(self, data: bytes, pos: int, keep: int) -> int:
         """Records from data[pos:]; returns how many bytes were complete records (a torn tail waits)."""

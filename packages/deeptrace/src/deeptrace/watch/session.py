@@ -47,6 +47,7 @@ class Watch:
         self.follower = TraceFollower(run_dir)
         self.warn = warn or (lambda _message: None)
         self.hangs: list[HangFound] = []
+        self._warned: set[str] = set()  # problems of files (a cut-off one, say) are said once
         self._hang_key: tuple[object, ...] | None = None  # the hang already handled: not diagnosed twice
 
     def step(self, now: float | None = None) -> tuple[RunStatus, HangFound | None]:
@@ -59,7 +60,7 @@ class Watch:
         traces = self.follower.poll()
         for trace in traces.values():
             if trace.problem:
-                self.warn(trace.problem)
+                self._warn_once(trace.problem)
                 trace.problem = None
         status = judge(self.run_dir, traces, self.config.threshold_s, time.time() if now is None else now,
                        self.config.slow)  # fmt: skip
@@ -74,6 +75,11 @@ class Watch:
             return status, False
         self._hang_key = key
         return status, True
+
+    def _warn_once(self, problem: str) -> None:
+        if problem not in self._warned:
+            self._warned.add(problem)
+            self.warn(problem)
 
     def handle_hang(self, status: RunStatus) -> HangFound:
         """Read every live rank's stacks (several snapshots), decide, write the hang folder, alert."""

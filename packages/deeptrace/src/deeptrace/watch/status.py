@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Literal
 
 from deeptrace.analysis.hang import HangReport, diagnose_hang
+from deeptrace.errors import TraceInputError
 from deeptrace.rundir import rank_position, read_heartbeats
 from deeptrace.rundir.records import Heartbeat
 from deeptrace.watch.follow import RankTrace
 
 Overall = Literal["healthy", "slow", "hung", "finished", "waiting"]
-RankState = Literal["progressing", "slow", "phase", "waiting", "stuck", "closed", "crashed", "gone", "missing"]
+RankState = Literal[
+    "progressing", "slow", "phase", "waiting", "stuck", "closed", "crashed", "gone", "missing", "unreadable"
+]
 
 
 @dataclass(frozen=True)
@@ -62,9 +65,10 @@ class RunStatus:
 def judge(
     run_dir: Path, traces: dict[int, RankTrace], threshold_s: float, now: float, slow: SlowConfig | None = None
 ) -> RunStatus:
-    heartbeats = read_heartbeats(run_dir, errors={})
+    unreadable: dict[int, TraceInputError] = {}
+    heartbeats = read_heartbeats(run_dir, errors=unreadable)
     if not heartbeats:
-        return RunStatus("waiting", [], message="no heartbeat yet (the run has not started its Collector)")
+        return _no_heartbeat(unreadable)
     report = diagnose_hang(run_dir, now_wall=now, stall_after_s=threshold_s)
     in_phase = {r for r, hb in heartbeats.items() if hb.phase is not None and hb.state == "running"}
     slow_ranks = find_slow(traces, slow or SlowConfig())
@@ -76,6 +80,8 @@ def judge(
         )
         for r, hb in heartbeats.items()
     ]  # fmt: skip
+    for rank, error in unreadable.items():  # cut off (a node that died mid-copy), or not a heartbeat
+        views.append(RankView(rank, "unreadable", None, "heartbeat unreadable", None, str(error)))
     if report is not None:
         for rank in report.missing_ranks:
             views.append(RankView(rank, "missing", None, "no heartbeat file", None))
@@ -83,9 +89,9 @@ def judge(
     stuck = [v for v in views if v.state in ("stuck", "crashed")]
     if report is not None and stuck:
         return RunStatus("hung", views, list(slow_ranks.values()), report, report.summary())
-    if all(hb.state == "closed" for hb in heartbeats.values()):
+    if all(hb.state == "closed" for hb in heartbeats.values()) and not unreadable:
         return RunStatus("finished", views, message="every rank closed its Collector")
-    if all(v.state in ("closed", "gone") for v in views):
+    if all(v.state in ("closed", "gone", "unreadable") for v in views) and len(views) > len(unreadable):
         # Killed while progressing (a time limit, a preemption, Ctrl-C): over, and not a hang.
         return RunStatus("finished", views, message="every rank closed or gone (killed while progressing: no hang)")
     if slow_ranks:
@@ -93,6 +99,13 @@ def judge(
         return RunStatus("slow", views, list(slow_ranks.values()), message=text)
     phases = [f"rank {r} in phase '{phase.name}'" for r in sorted(in_phase) if (phase := heartbeats[r].phase)]
     return RunStatus("healthy", views, message="; ".join(phases) if phases else "every rank progressing")
+
+
+def _no_heartbeat(unreadable: dict[int, TraceInputError]) -> RunStatus:
+    if unreadable:
+        problems = "; ".join(str(error) for _, error in sorted(unreadable.items()))
+        return RunStatus("waiting", [], message=f"no readable heartbeat: {problems}")
+    return RunStatus("waiting", [], message="no heartbeat yet (the run has not started its Collector)")
 
 
 def _view(  # noqa: PLR0911  # one return per state, in the order the states take precedence
