@@ -5,6 +5,12 @@ test_losses_unchanged.py. Three settings: the example as it is, ``parallel.ep_si
 
 Recorded once with the code before that change (``python -m tests.engine.train.loss_fixtures --record``); a later
 re-recording would compare the code with itself, which is why the file says which commit recorded it.
+
+Bit for bit holds only on one kind of CPU: MKL and oneDNN pick their kernels by the instruction sets there are
+(AVX2, AVX-512, AMX), and those round differently. So MACHINE_FIXTURES holds, per CPU signature
+(``machine_signature``), the same three runs made with the code of that same commit on such a CPU (a worktree
+of the commit on PYTHONPATH); where the signature has none, the runs are compared with the original fixture to
+a relative 1e-4.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ from pathlib import Path
 from tests.engine.checkpoint.cli_runs import DEBUG_CONFIG, metrics, xtrain
 
 FIXTURE = Path(__file__).parent / "fixtures" / "losses_before_trainer_components.json"
+MACHINE_FIXTURES = Path(__file__).parent / "fixtures" / "losses_before_trainer_components.machines.json"
+# The instruction sets whose presence changes which BLAS and oneDNN kernels run, and so their rounding.
+_KERNEL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "avx_vnni")
 KEYS = ("loss", "aux_loss", "z_loss", "grad_norm", "lr", "tokens")
 STEPS = 10
 
@@ -36,6 +45,29 @@ def run_setting(name: str, root: Path) -> list[dict[str, float]]:
     if done.returncode != 0:
         raise AssertionError(f"{name}: xtrain train failed\n{done.stdout}\n{done.stderr}")
     return [{key: record[key] for key in KEYS} for record in metrics(run_dir)]
+
+
+def machine_signature() -> str:
+    """The CPU as the kernels see it: torch's CPU capability and the instruction sets of _KERNEL_FLAGS there are."""
+    import torch
+
+    flags: set[str] = set()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    present = [flag for flag in _KERNEL_FLAGS if flag in flags]
+    return "+".join([torch.backends.cpu.get_cpu_capability(), *present])
+
+
+def recorded_for_this_machine() -> dict[str, list[dict[str, float]]] | None:
+    """This CPU's runs from the commit before the change, None when no run was recorded on such a CPU."""
+    if not MACHINE_FIXTURES.is_file():
+        return None
+    entry = json.loads(MACHINE_FIXTURES.read_text()).get(machine_signature())
+    return None if entry is None else entry["runs"]
 
 
 def main() -> None:

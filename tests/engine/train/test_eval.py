@@ -17,19 +17,13 @@ from xtrain.config import load_train_config
 from xtrain.parallel.distributed import Distributed
 from xtrain.train.evaluate import eval_packs
 
-from tests.conftest import REPO_ROOT
-from tests.engine.checkpoint.cli_runs import DEBUG_CONFIG, environment, short_run, xtrain
+from tests.engine.checkpoint.cli_runs import DEBUG_CONFIG, environment, xtrain
+from tests.engine.train.eval_runs import eval_settings as _eval_settings
 from tests.engine.train.test_cli_errors import assert_user_error
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_group("eval-run")]
 
-HELDOUT = REPO_ROOT / "tools" / "demo_data" / "heldout.jsonl"
 ATOL = 1e-4
-
-
-def _eval_settings(cache: Path) -> list[str]:
-    settings = (f'eval.sources=[{{path="{HELDOUT}"}}]', "eval.every_steps=2", "eval.batches=4", "eval.pack_tokens=96")
-    return short_run(cache, *settings)
 
 
 def _records(run_dir: Path) -> dict[int, dict[str, object]]:
@@ -39,17 +33,6 @@ def _records(run_dir: Path) -> dict[int, dict[str, object]]:
         record = json.loads(line)
         found[record["step"]] = record
     return found
-
-
-@pytest.fixture(scope="module")
-def evaluated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("eval")
-    run_dir = root / "run"
-    result = xtrain(
-        "train", DEBUG_CONFIG, "--nproc", "2", "--run-dir", run_dir, *_eval_settings(root / "cache"), cwd=root
-    )
-    assert result.returncode == 0, result.stderr
-    return run_dir
 
 
 def test_eval_runs_on_its_schedule_and_after_the_last_step(evaluated_run: Path) -> None:

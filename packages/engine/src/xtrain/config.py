@@ -211,6 +211,22 @@ class EvalSection(_Section):
     """Packs per evaluation over all ranks (a multiple of the number of processes): the same packs every time."""
     pack_tokens: int | None = Field(default=None, gt=0)
     """Tokens per evaluation pack (default: ``data.pack_tokens``)."""
+    sample_prompts: list[str] = Field(default_factory=list)
+    """Prompts whose greedy continuations each evaluation writes to RUN_DIR/samples.jsonl (encoded with
+    ``data.tokenizer`` as pretraining text is, without the closing end-of-text token). Empty: no samples."""
+    sample_tokens: int = Field(default=32, gt=0, le=4096)
+    """New tokens per prompt and evaluation (fewer where the model ends the text with its eos token)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalSection:
+        if self.sample_prompts and not self.sources:
+            raise ValueError(
+                "eval.sample_prompts: samples are written at each evaluation, and there is none without eval.sources"
+            )
+        for index, prompt in enumerate(self.sample_prompts):
+            if not prompt:
+                raise ValueError(f"eval.sample_prompts[{index}] is empty: a continuation needs a prompt")
+        return self
 
     @property
     def enabled(self) -> bool:

@@ -9,6 +9,7 @@ from deeptrace.errors import TraceInputError
 from deeptrace.rundir import StepRecord, layout, read_metrics
 
 from xtrain.errors import XtrainError
+from xtrain.train.sample_record import SampleRecord, SamplesInputError, read_samples
 
 
 class MetricsInputError(XtrainError):
@@ -25,6 +26,8 @@ class RunMetrics:
     records: list[StepRecord]
     resumes: list[tuple[int, int]]
     """(first step logged after the resume, the checkpoint's step resumed from), in the order they happened."""
+    samples: SampleRecord | None = None
+    """The latest evaluation's greedy continuations (samples.jsonl), None when the run writes none."""
 
     @property
     def skipped_steps(self) -> list[int]:
@@ -45,7 +48,17 @@ def load_run(run_dir: Path, label: str | None = None) -> RunMetrics:
     if not logged:
         raise MetricsInputError(f"{path}: no step records yet")
     records, resumes = latest_records(logged)
-    return RunMetrics(run_dir, label or run_dir.name, records, resumes)
+    return RunMetrics(run_dir, label or run_dir.name, records, resumes, _latest_samples(run_dir, records[-1].step))
+
+
+def _latest_samples(run_dir: Path, last_step: int) -> SampleRecord | None:
+    """The samples of the latest evaluation up to the last logged step (a resumed run that has not reached an
+    earlier attempt's evaluation again shows its own latest, not the lost attempt's)."""
+    try:
+        written = [record for record in read_samples(run_dir) if record.step <= last_step]
+    except SamplesInputError as error:
+        raise MetricsInputError(str(error)) from None
+    return written[-1] if written else None
 
 
 def latest_records(logged: list[StepRecord]) -> tuple[list[StepRecord], list[tuple[int, int]]]:

@@ -69,7 +69,19 @@ def _run_block(run: RunMetrics, last: int, *, titled: bool) -> str:
         lines.append(f"resumed         at step {first} from step {checkpoint}")
     if run.skipped_steps:
         lines.append(f"skipped steps   {_step_list(run.skipped_steps)}")
+    lines += _samples(run)
     return "\n".join(lines)
+
+
+def _samples(run: RunMetrics) -> list[str]:
+    """The latest evaluation's continuations, one prompt and its continuation per sample."""
+    if run.samples is None:
+        return []
+    lines = [f"samples at step {run.samples.step} (greedy)"]
+    for sample in run.samples.samples:
+        ending = " <eos>" if sample.ended else " ..."
+        lines.append(f"  {sample.prompt!r} -> {sample.continuation!r}{ending}")
+    return lines
 
 
 def _comparison(summaries: list[RunSummary]) -> str:

@@ -3,7 +3,8 @@
 Each rank builds the model as training does (the same layout check, meshes, FSDP), loads the checkpoint's
 weights through DCP (only the model: resharded to this world size as a resume would be), and evaluates the
 ``[eval]`` packs of CONFIG exactly as a training run evaluates them (:mod:`xtrain.train.evaluate`). Rank 0
-prints one JSON line: ``{"checkpoint", "step", "eval_loss", "eval_ppl", "eval_packs"}``.
+prints one JSON line: ``{"checkpoint", "step", "eval_loss", "eval_ppl", "eval_packs", "samples"}``
+(``samples``: the greedy continuations of ``eval.sample_prompts``, [] without prompts).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from xtrain.train.checkpoint.locate import ResumePoint, open_checkpoint
 from xtrain.train.checkpoint.parts import ModelPart
 from xtrain.train.evaluate import Evaluator, eval_packs
 from xtrain.train.launch import check_world_size
+from xtrain.train.sampling import Sampler
 
 log = logging.getLogger("xtrain")
 
@@ -51,6 +53,7 @@ def evaluate_checkpoint(config: TrainConfig, checkpoint: Path) -> None:
         settings = loss_settings(config, model_cfg, compute_dtype(config, dist_ctx.device), dist_ctx.device)
         packs = eval_packs(config, dist_ctx, barrier, log.info)
         result = Evaluator(config, packs, settings, dist_ctx).evaluate(model)
+        samples = Sampler(config, dist_ctx.device).sample(model) if config.eval.sample_prompts else []
         if dist_ctx.is_main:
             figures = {
                 "checkpoint": str(point.folder),
@@ -58,6 +61,7 @@ def evaluate_checkpoint(config: TrainConfig, checkpoint: Path) -> None:
                 "eval_loss": result.loss,
                 "eval_ppl": result.ppl,
                 "eval_packs": len(packs),
+                "samples": [sample.model_dump(mode="json") for sample in samples],
             }
             print(json.dumps(figures), flush=True)
     finally:

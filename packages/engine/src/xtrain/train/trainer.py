@@ -56,6 +56,8 @@ from xtrain.train.optimizer import build_optimizer
 from xtrain.train.profiler import kineto_profiler, profiled_steps
 from xtrain.train.progress import ProgressLine
 from xtrain.train.reporting import Resumed, RunFigures, StepFacts, StepReporter
+from xtrain.train.sample_record import SampleRecord, append_samples
+from xtrain.train.sampling import Sampler
 from xtrain.train.schedule import build_scheduler
 from xtrain.train.step import GlobalBatch, MicroBatch, StepResult, train_step
 from xtrain.train.tracking import open_trackers
@@ -149,6 +151,7 @@ class Trainer:
             )
         self.stream = pack_stream(config, self.corpus, dist_ctx.world_size)
         self.evaluator = self._evaluator()
+        self.sampler = Sampler(config, dist_ctx.device) if config.eval.sample_prompts else None
         self.parts = TrainingParts(
             model=ModelPart(self.model),
             optimizer=OptimizerPart(self.model, optimizer),
@@ -281,7 +284,10 @@ class Trainer:
             return None
         with self.collector.phase("eval"):
             result = self.evaluator.evaluate(self.model)
+            samples = None if self.sampler is None else self.sampler.sample(self.model)
         log.info("step %d: eval loss %.4f (perplexity %.2f)", step, result.loss, result.ppl)
+        if samples is not None and self.dist.is_main:
+            append_samples(self.run_dir, SampleRecord(step=step, samples=samples))
         return result
 
     def _check_skips(self, facts: StepFacts) -> None:
