@@ -12,7 +12,14 @@ EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.toml"))
 
 def test_the_named_examples_exist() -> None:
     names = {path.name for path in EXAMPLES}
-    assert {"debug_moe.toml", "qwen3_30b_a3b.toml", "qwen3_235b_a22b.toml"} <= names
+    assert {
+        "debug_moe.toml",
+        "qwen3_30b_a3b.toml",
+        "qwen3_235b_a22b.toml",
+        "gpt_oss_120b.toml",
+        "deepseek_v3_671b.toml",
+        "kimi_k2_1t.toml",
+    } <= names
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)
