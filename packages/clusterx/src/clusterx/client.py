@@ -16,7 +16,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,8 @@ RETRYABLE_STATES = (JobState.FAILED, JobState.NODE_FAIL)
 REQUEUED_REASON = "requeued by {backend} (a node failure, a preemption or an administrator's requeue)"
 # A job still PENDING this long after it was stored lost its submitter (a backend's submit takes seconds).
 STUCK_PENDING_AFTER = timedelta(minutes=5)
+# How far before the newest change seen a reader of `changed_since` should look again (see there).
+CHANGES_OVERLAP = timedelta(seconds=5)
 
 
 class Client:
@@ -181,6 +183,24 @@ class Client:
         return backend_job_id
 
     # -- reading ------------------------------------------------------------------------------------------------
+    def read_many(self, job_ids: Iterable[int], *, poll: bool = True) -> list[JobRecord]:
+        """The records of these jobs (as `list` gives them: no events or attempts), in id order, read in one
+        query per 500 ids; an id with no job is left out."""
+        if poll:
+            self.reconcile()
+        return self.store.records_by_ids(job_ids)
+
+    def changed_since(self, since: datetime, *, poll: bool = True) -> list[JobRecord]:
+        """The records of jobs created or changed at or after `since` (their `updated_at`), oldest change first.
+
+        `updated_at` is the writing client's clock when its transaction ran, so a change committed a moment later,
+        or written by a host whose clock lags, can carry a time just before one already read past. Reading again
+        from a little before the newest `updated_at` seen (CHANGES_OVERLAP) keeps those: a job read twice is the
+        same record twice."""
+        if poll:
+            self.reconcile()
+        return self.store.records_changed_since(since)
+
     def list(
         self,
         *,
@@ -194,8 +214,7 @@ class Client:
         """Job records, newest first."""
         if poll:
             self.reconcile()
-        jobs = self.store.list_jobs(states=states, user=user, name=name, backend=backend, limit=limit)
-        return [job_record(job) for job in jobs]
+        return self.store.list_records(states=states, user=user, name=name, backend=backend, limit=limit)
 
     def describe(self, job_id: int, *, poll: bool = True) -> JobRecord:
         """The full job record, with its events and attempts."""

@@ -25,7 +25,7 @@ from clusterx.paths import resolve_db_url, sqlite_path
 __all__ = ["HEAD_REVISION", "ensure_schema", "make_engine", "resolve_db_url", "retry_db", "sqlite_path"]
 
 # The newest migration; the schema check compares against it without importing Alembic (a test keeps it true).
-HEAD_REVISION = "0002"
+HEAD_REVISION = "0003"
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 

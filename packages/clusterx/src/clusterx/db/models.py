@@ -115,6 +115,10 @@ Index(
     Job.time_limit_s,
 )
 
+# Reads of the jobs changed since a time (JobStore.records_changed_since, xtop's refresh): the jobs changed, not
+# the jobs stored.
+Index("ix_jobs_updated_at", Job.updated_at)
+
 
 class JobEvent(Base):
     """One state change of a job (or a note such as a retry), with its time, source and message."""
