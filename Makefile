@@ -45,8 +45,8 @@ test: lint typecheck pytest  ## install, then lint, type check and the whole tes
 demo: setup  ## install, then run the main job and analyse its run directory
 	$(RUN) python tools/demo.py
 
-bench: setup  ## run every benchmark in tools/bench (minutes; figures go to docs/benchmarks.md by hand)
-	@for b in tools/bench/*.py; do echo "== $$b"; $(RUN) python $$b; done
+bench: setup  ## run every benchmark in tools/bench, then list their wall times (figures go to docs/benchmarks.md by hand)
+	$(RUN) python tools/run_benchmarks.py $(BENCH)
 
 clean:  ## remove the environment and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache runs

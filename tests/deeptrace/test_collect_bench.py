@@ -22,6 +22,8 @@ def test_collector_overhead_benchmark_prints_its_json_line() -> None:
             "2",
             "--tight-spans",
             "2000",
+            "--repeats",
+            "1",
         ],
         capture_output=True,
         text=True,
@@ -51,3 +53,5 @@ def test_repeats_report_the_median_over_fresh_processes() -> None:
     assert figures["runs"] == 3 and len(each) == 3
     assert figures["overhead_pct_runs"] == [run["overhead_pct"] for run in each]
     assert figures["overhead_pct"] == sorted(run["overhead_pct"] for run in each)[1]
+    assert figures["overhead_pct_range"] == [min(figures["overhead_pct_runs"]), max(figures["overhead_pct_runs"])]
+    assert figures["target_met"] == (figures["overhead_pct"] <= 1.0)

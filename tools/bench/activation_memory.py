@@ -19,7 +19,9 @@ Ends with one JSON line:
   full_over_none      saved_bytes(full) / saved_bytes(none)
   offload_over_none   saved_bytes(full + offload) / saved_bytes(none)
   offload_time_ratio  step_s(full + offload) / step_s(full)
-plus every raw figure.
+  offload_time_ratio_range  [min, max] of the rounds' own ratios (the two modes of a round run back to back)
+plus every raw figure (each mode's step_s_range: its rounds' min and max). The memory figures are the same in
+every round (allocations do not depend on timing), so they have no spread.
 
 Usage: python tools/bench/activation_memory.py [--tokens 16384] [--doc-tokens 2048] [--layers 8] [--rounds 3]
                                                [--device cpu|cuda]
@@ -148,15 +150,19 @@ def main() -> None:
             times[mode].append(time.perf_counter() - started)
     for mode in MODES:
         figures[mode]["step_s"] = statistics.median(times[mode])
+        figures[mode]["step_s_range"] = [min(times[mode]), max(times[mode])]
         print(f"{mode:>13}: {figures[mode]}", flush=True)
 
     none, full, offload = (figures[mode] for mode in MODES)
+    # The spread: each round's offload / full ratio (the two modes of a round ran back to back).
+    ratios = [with_offload / plain for with_offload, plain in zip(times[MODES[2]], times[MODES[1]], strict=True)]
     print(
         json.dumps(
             {
                 "full_over_none": round(full["saved_bytes"] / none["saved_bytes"], 4),
                 "offload_over_none": round(offload["saved_bytes"] / none["saved_bytes"], 4),
                 "offload_time_ratio": round(offload["step_s"] / full["step_s"], 4),
+                "offload_time_ratio_range": [round(min(ratios), 4), round(max(ratios), 4)],
                 "modes": figures,
                 "tokens": tokens,
                 "layers": args.layers,
