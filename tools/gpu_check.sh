@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Every check that needs an NVIDIA GPU, as ONE script for a lent single-GPU machine (H200 here), in under 8 minutes.
+# Every check that needs an NVIDIA GPU, as ONE script for a lent single-GPU machine (H200 here), in under 9.5 minutes
+# on one GPU: each step has its own limit (565 s together without step 5, which needs several GPUs), so the whole
+# fits one device command (10 minutes at most) and leaves time of the session's 15 for a rerun.
 #
 # That machine has no network and its own python3 (3.12) with a CUDA torch 2.11, transformers, pytest,
 # pytest-xdist, hypothesis, safetensors, tokenizers, jinja2, click, rich, numpy and matplotlib
@@ -16,11 +18,11 @@
 #     `pip install --no-deps --no-index --no-build-isolation -e` (hatchling, their build backend, is one of the
 #     wheels); if the interpreter's environment is not writable, the wheels go to /tmp/site and the packages'
 #     src/ folders on PYTHONPATH instead (said in the output).
-#  2. CUDA tests (170 s): the project has no `cuda` pytest marker (pyproject.toml declares slow, slurm, postgres,
+#  2. CUDA tests (110 s): the project has no `cuda` pytest marker (pyproject.toml declares slow, slurm, postgres,
 #     multiprocess): its CUDA-only tests sit behind torch.cuda.is_available() (the flash_attn and torch_varlen
 #     attention backends in tests/engine/test_attention.py), so the whole of tests/engine runs with the GPU
 #     visible; every CUDA test then runs, and the rest proves the same code on that machine's torch.
-#  3. GPU against CPU (with step 4, 160 s): the `debug` model in bf16 on the GPU against the same weights in fp32
+#  3. GPU against CPU (with step 4, 150 s): the `debug` model in bf16 on the GPU against the same weights in fp32
 #     on the CPU, the MoE block's grouped-matmul path likewise (relative error < 3e-2), and xtop's NVML sampling.
 #  4. training: a Qwen3-30B-A3B-shaped model cut to GPU_CHECK_LAYERS decoder layers (default 6: 4.4 B
 #     parameters, ~70 GB of fp32 weights, gradients and AdamW state), trained by xtrain on one GPU (FSDP2 over a
@@ -28,8 +30,13 @@
 #     mean length 2,048); per pack size: tokens/s (median of the timed steps), MFU, peak allocated memory, the
 #     attention backend and the grouped-matmul implementation used.
 #  5. expert parallelism (240 s, only with more than one GPU): tools/bench/ep_overlap.py.
-#  6. long packs (140 s): the step-4 model with memory.checkpointing none / full / full + offload, packs doubling
+#  6. long packs (110 s): the step-4 model with memory.checkpointing none / full / full + offload, packs doubling
 #     from 16k tokens: the longest that trains per mode, and the step time of offload against full.
+#  7. the chunked loss (45 s): tools/bench/chunk_loss.py on CUDA (16k tokens, vocabulary 151,936, bf16): peak memory
+#     and time against the full-logits cross-entropy.
+#  8. the MoE block (75 s): the blocks of tools/bench/moe_block.py on the GPU in bf16, xtrain against
+#     transformers' eager and grouped_mm experts: best step time, peak memory, largest output difference.
+# Step 3 also compares the flash-attn (when installed) and torch varlen attention kernels with per-document SDPA.
 # Ends with one JSON line of everything; exits non-zero when a test or check failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -89,11 +96,11 @@ $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cu
 torch.cuda.get_device_name() if torch.cuda.is_available() else None)"
 
 echo "== 2. tests (${TEST_ARGS[*]}) with CUDA visible"
-timeout $((DRY_RUN ? 900 : 170)) $PY -m pytest -q -p no:cacheprovider -rs --junitxml "$WORK/tests.xml" "${TEST_ARGS[@]}" 2>&1 |
+timeout $((DRY_RUN ? 900 : 110)) $PY -m pytest -q -p no:cacheprovider -rs --junitxml "$WORK/tests.xml" "${TEST_ARGS[@]}" 2>&1 |
     tail -n 40 || status=1
 
 echo "== 3-4. GPU against CPU, then training throughput"
-timeout $((DRY_RUN ? 900 : 160)) $PY - "$WORK" "$DRY_RUN" <<'PY' || status=1
+timeout $((DRY_RUN ? 900 : 150)) $PY - "$WORK" "$DRY_RUN" <<'PY' || status=1
 """Steps 3 and 4 of tools/gpu_check.sh; writes WORK/figures.json."""
 
 import json
@@ -264,8 +271,41 @@ def nvml() -> dict[str, Any]:
     return {"gpus": [gpu.name for gpu in gpus], "note": note, "ok": bool(gpus) or dry_run}
 
 
+def attention_parity() -> dict[str, Any]:
+    """flash-attn's and torch's varlen kernels against per-document SDPA on the same packed row (GQA, documents of
+    mixed lengths, and an MLA-like case whose values are narrower than queries and keys); a kernel that cannot run
+    here (flash-attn not installed) is named with why."""
+    from xtrain.model.attention_backends import attention_function
+    from xtrain.model.documents import PackedDocuments
+
+    torch.manual_seed(0)
+    lengths = [1024, 17, 3000, 257, 8]
+    docs = PackedDocuments.from_lengths(lengths, device)
+    tokens = sum(lengths)
+    cases = {"gqa_128": (32, 4, 128, 128), "mla_192_128": (16, 16, 192, 128)}
+    figures: dict[str, Any] = {"ok": True}
+    for name, (heads, kv_heads, d_qk, d_v) in cases.items():
+        q = torch.randn(tokens, heads, d_qk, device=device, dtype=dtype)
+        k = torch.randn(tokens, kv_heads, d_qk, device=device, dtype=dtype)
+        v = torch.randn(tokens, kv_heads, d_v, device=device, dtype=dtype)
+        reference = attention_function("sdpa")(q, k, v, docs, d_qk**-0.5).float()
+        for backend in ("torch_varlen", "flash_attn"):
+            try:
+                got = attention_function(backend)(q, k, v, docs, d_qk**-0.5).float()
+            except Exception as error:  # a kernel missing on this machine is a finding, not a crash
+                figures[f"{backend}_{name}"] = {"skipped": f"{type(error).__name__}: {error}"[:200]}
+                # torch's varlen kernel ships with every CUDA torch: missing there is a failure, not a skip.
+                figures["ok"] = figures["ok"] and not (backend == "torch_varlen" and device.type == "cuda")
+                continue
+            error_rel = float((got - reference).norm() / reference.norm())
+            figures[f"{backend}_{name}"] = {"relative_error": error_rel, "ok": error_rel < 2e-2}
+            figures["ok"] = figures["ok"] and error_rel < 2e-2
+    return figures
+
+
 parts = [
     ("gpu_vs_cpu_model", model_against_cpu),
+    ("attention_parity", attention_parity),
     ("gpu_vs_cpu_moe_block", moe_block_against_cpu),
     ("nvml", nvml),
     ("train", train_throughput),
@@ -297,7 +337,7 @@ fi
 echo "== 6. long packs: the longest pack that trains per memory mode, and offload's step-time cost"
 # The step-4 model (Qwen3-30B-A3B-shaped, GPU_CHECK_LAYERS layers) with memory.checkpointing none / full /
 # full + offload; pack lengths doubling from 16k until one runs out of memory (or a step takes > 30 s).
-timeout $((DRY_RUN ? 900 : 140)) $PY - "$WORK" "$DRY_RUN" <<'PY' || status=1
+timeout $((DRY_RUN ? 900 : 110)) $PY - "$WORK" "$DRY_RUN" <<'PY' || status=1
 """Step 6 of tools/gpu_check.sh; writes WORK/long_packs.json."""
 
 import gc
@@ -387,6 +427,67 @@ if common:
 close_distributed()
 PY
 
+echo "== 7. the chunked loss's peak memory and time against full logits (tools/bench/chunk_loss.py)"
+timeout $((DRY_RUN ? 900 : 45)) $PY tools/bench/chunk_loss.py --rounds 2 $( ((DRY_RUN)) && echo --tokens 512 --vocab 8192) 2>&1 |
+    tail -n 1 | tee "$WORK/chunk_loss.json" || status=1
+
+echo "== 8. the MoE block against transformers' on the device (the blocks of tools/bench/moe_block.py)"
+timeout $((DRY_RUN ? 900 : 75)) $PY - "$WORK" "$DRY_RUN" <<'PY' || status=1
+"""Step 8: xtrain's MoE block against transformers' Qwen3-MoE block (eager and grouped_mm experts), same weights
+and gradients, forward+backward on the device in bf16 (fp32 in the dry run): best of 5 timed steps each, peak
+memory above the start, and the largest output difference from transformers' eager block."""
+
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+work, dry_run = Path(sys.argv[1]), sys.argv[2] == "1"
+spec = importlib.util.spec_from_file_location("moe_block", "tools/bench/moe_block.py")
+assert spec is not None and spec.loader is not None
+bench = importlib.util.module_from_spec(spec)
+sys.modules["moe_block"] = bench  # its dataclasses look their module up
+spec.loader.exec_module(bench)
+device = "cpu" if dry_run else "cuda"
+dtype = torch.float32 if dry_run else torch.bfloat16
+shape = bench.Shape(tokens=256, hidden=128, experts=8, top_k=2, inter=64) if dry_run else bench.Shape(4096, 1024, 64, 8, 256)
+results: dict[str, object] = {"device": device, "dtype": str(dtype).removeprefix("torch."), "tokens": shape.tokens}
+outputs = {}
+for impl in ("hf_eager", "hf_grouped_mm", "xtrain"):
+    try:
+        block = bench.build(impl, shape, dtype, device)
+        x, grad_y = bench.inputs(shape, dtype, device)
+        step = bench.make_step(impl, block, x, grad_y)
+        step()
+        bench.sync(device)
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        start_bytes = torch.cuda.memory_allocated() if device == "cuda" else 0
+        times = []
+        for _ in range(5):
+            started = time.perf_counter()
+            y, _grad = step()
+            bench.sync(device)
+            times.append(time.perf_counter() - started)
+        outputs[impl] = y.float().cpu()
+        peak = torch.cuda.max_memory_allocated() - start_bytes if device == "cuda" else None
+        results[impl] = {"best_s": min(times), "worst_s": max(times), "peak_bytes": peak}
+        del block, step
+    except Exception as error:  # one implementation failing is a finding: the others still run
+        results[impl] = {"error": f"{type(error).__name__}: {error}"[:300]}
+timed = {impl: r["best_s"] for impl, r in results.items() if isinstance(r, dict) and "best_s" in r}
+hf = [timed[impl] for impl in ("hf_eager", "hf_grouped_mm") if impl in timed]
+if "xtrain" in timed and hf:
+    results["speedup_vs_hf_best"] = round(min(hf) / timed["xtrain"], 3)
+if "xtrain" in outputs and "hf_eager" in outputs:
+    results["max_abs_diff"] = float((outputs["xtrain"] - outputs["hf_eager"]).abs().max())
+(work / "moe_block.json").write_text(json.dumps(results))
+print(json.dumps(results))
+PY
+
 echo "== summary"
 $PY - "$WORK" "$status" "$SECONDS" <<'PY'
 import json
@@ -409,14 +510,16 @@ try:
     summary["ep_overlap"] = json.loads((work / "ep_overlap.json").read_text())
 except (OSError, ValueError) as error:
     summary["ep_overlap"] = {"error": f"no ep_overlap figures: {error}"}
-try:
-    summary["long_packs"] = json.loads((work / "long_packs.json").read_text())
-except (OSError, ValueError) as error:
-    summary["long_packs"] = {"error": f"no long-pack figures: {error}"}
+for name in ("long_packs", "chunk_loss", "moe_block"):
+    try:
+        summary[name] = json.loads((work / f"{name}.json").read_text())
+    except (OSError, ValueError) as error:
+        summary[name] = {"error": f"no {name} figures: {error}"}
 if "train" not in figures:
     summary["error"] = "steps 3-4 did not finish (time limit or crash): see the output above"
 tests_ok = summary["tests"].get("failures") == 0 and summary["tests"].get("errors") == 0
-checks_ok = all(figures.get(k, {}).get("ok") for k in ("gpu_vs_cpu_model", "gpu_vs_cpu_moe_block", "nvml"))
+checks = ("gpu_vs_cpu_model", "attention_parity", "gpu_vs_cpu_moe_block", "nvml")
+checks_ok = all(figures.get(k, {}).get("ok") for k in checks)
 train_ok = "error" not in figures.get("train", {"error": "missing"})
 summary["all_ok"] = status == 0 and tests_ok and checks_ok and train_ok
 summary["elapsed_s"] = seconds
