@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from clusterx.db.reconnect import ReconnectWait, is_disconnect
 from clusterx.errors import DatabaseConfigError
 from clusterx.paths import resolve_db_url, sqlite_path
 
@@ -78,15 +79,21 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def retry_db(fn: Callable[[], T], attempts: int = 8) -> T:
-    """Run `fn` (one whole transaction), retrying it when the database was busy."""
-    for attempt in range(attempts):
+    """Run `fn` (one whole transaction), retrying it when the database was busy, and while its server is away
+    (db/reconnect.py: for up to CLUSTERX_DB_WAIT_S, then DatabaseUnavailableError)."""
+    away = ReconnectWait()
+    attempt = 0
+    while True:
         try:
             return fn()
         except DBAPIError as exc:
+            if is_disconnect(exc):
+                away.pause(exc)
+                continue
             if attempt == attempts - 1 or not is_retryable(exc):
                 raise
             time.sleep(min(1.0, 0.01 * 2**attempt) * (0.5 + random.random()))
-    raise AssertionError("unreachable")
+            attempt += 1
 
 
 def ensure_schema(engine: Engine) -> None:
@@ -102,7 +109,12 @@ def current_revision(engine: Engine) -> str | None:
     try:
         with engine.connect() as connection:
             return connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
-    except DBAPIError:
+    except DBAPIError as exc:
+        if is_disconnect(exc):
+            # Not waited for: a database that cannot be reached at the start is more often a wrong URL than a
+            # restart (the caller says so at once); a server that goes away later is waited for (retry_db).
+            raise
+
         return None  # no alembic_version table yet: a new database
 
 
