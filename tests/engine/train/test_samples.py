@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from deeptrace.rundir.layout import samples_path
 from transformers import AutoModelForCausalLM
 from xtrain.config import load_train_config
 from xtrain.data.tokenizer import load_tokenizer_folder
-from xtrain.train.sample_record import SampleRecord, SamplesInputError, read_samples, samples_path
+from xtrain.train.sample_record import SampleRecord, SamplesInputError, read_samples
 from xtrain.train.sampling import encode_prompt
 
 from tests.engine.checkpoint.cli_runs import DEBUG_CONFIG, xtrain

@@ -16,6 +16,7 @@ FORMAT_VERSION = 1
 CONFIG_FILE = "config.toml"
 META_FILE = "meta.json"
 METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"  # greedy continuations at each evaluation (xtrain.train.sample_record)
 RANKS_DIR = "ranks"
 TRACE_DIR = "trace"
 HEARTBEAT_DIR = "heartbeat"
@@ -51,6 +52,10 @@ def meta_path(run_dir: Path | str) -> Path:
 
 def metrics_path(run_dir: Path | str) -> Path:
     return Path(run_dir) / METRICS_FILE
+
+
+def samples_path(run_dir: Path | str) -> Path:
+    return Path(run_dir) / SAMPLES_FILE
 
 
 def ranks_dir(run_dir: Path | str) -> Path:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from deeptrace.rundir.layout import samples_path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from xtrain.errors import XtrainError
 
-SAMPLES_FILE = "samples.jsonl"
 SAMPLE_RECORD_VERSION = 1
 
 
@@ -40,10 +40,6 @@ class SampleRecord(BaseModel):
     v: int = SAMPLE_RECORD_VERSION
     step: int
     samples: list[Sample]
-
-
-def samples_path(run_dir: Path) -> Path:
-    return run_dir / SAMPLES_FILE
 
 
 def append_samples(run_dir: Path, record: SampleRecord) -> None:
