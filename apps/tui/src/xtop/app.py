@@ -3,6 +3,11 @@
 All reading (the database, run directories, NVML) happens in one worker thread per tick, so a slow database or
 file system never freezes the screen; the worker hands its results to the app's thread, which alone changes
 what the screens draw. Nothing here imports xtrain or torch.
+
+Start-up is kept to what the first frame needs: the jobs of a SQLite history are glanced at with the standard
+library before the jobs screen is composed (so its first frame shows the table's rows), the screens other than
+the first are imported when first shown, and the worker (which loads SQLAlchemy and pydantic, and competes with
+the app's thread for the interpreter) starts after the first frame is drawn.
 """
 
 from __future__ import annotations
@@ -16,19 +21,43 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from textual import work
 from textual.app import App
 from textual.binding import Binding, BindingType
+from textual.screen import Screen
 
 from xtop.jobs import JobDelta, JobFeed, JobRow
 from xtop.resources import ResourceSample, sample_resources
 from xtop.screens.base import XtopScreen
-from xtop.screens.devices import DevicesScreen
 from xtop.screens.dialogs import ConfirmScreen, HelpScreen
-from xtop.screens.jobs import JobsScreen
-from xtop.screens.run import RunScreen
-from xtop.screens.trace import TraceScreen
 from xtop.state import RunTarget, XtopState, utc_now
 
 if TYPE_CHECKING:
     from xtop.run_source import RunSnapshot  # deeptrace's readers load in the worker, after the first paint
+
+# Jobs read for the first frame: more than a 200x60 terminal shows.
+FIRST_PAGE = 200
+
+
+def _jobs_screen() -> Screen[None]:
+    from xtop.screens.jobs import JobsScreen  # noqa: PLC0415 (each screen is imported when first shown)
+
+    return JobsScreen()
+
+
+def _run_screen() -> Screen[None]:
+    from xtop.screens.run import RunScreen  # noqa: PLC0415
+
+    return RunScreen()
+
+
+def _devices_screen() -> Screen[None]:
+    from xtop.screens.devices import DevicesScreen  # noqa: PLC0415
+
+    return DevicesScreen()
+
+
+def _trace_screen() -> Screen[None]:
+    from xtop.screens.trace import TraceScreen  # noqa: PLC0415
+
+    return TraceScreen()
 
 
 class XtopApp(App[None]):
@@ -36,10 +65,10 @@ class XtopApp(App[None]):
     TITLE = "xtop"
     ENABLE_COMMAND_PALETTE = False  # every action has its key; ctrl+p stays free
     MODES: ClassVar[dict[str, Any]] = {
-        "jobs": JobsScreen,
-        "run": RunScreen,
-        "devices": DevicesScreen,
-        "trace": TraceScreen,
+        "jobs": _jobs_screen,
+        "run": _run_screen,
+        "devices": _devices_screen,
+        "trace": _trace_screen,
     }
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("1", "switch_mode('jobs')", "Jobs", show=False),
@@ -80,7 +109,14 @@ class XtopApp(App[None]):
         self.ticks = 0  # refreshes applied, for tests waiting on "one refresh"
 
     def on_mount(self) -> None:
+        glanced = self.state.feed.glance(FIRST_PAGE)
+        if glanced is not None:  # the first frame shows these; the worker's full read follows
+            self._first_poll = False
+            self.state.jobs.apply(glanced)
         self.switch_mode(self._start_mode)
+        self.call_after_refresh(self._start_polling)
+
+    def _start_polling(self) -> None:
         self.refresh_now()
         self.set_interval(self.refresh_s, self.refresh_now)
 
@@ -105,7 +141,7 @@ class XtopApp(App[None]):
 
     def _look(self) -> None:
         state = self.state
-        if self._first_poll:  # the newest page first, so the table fills at once; the full read follows
+        if self._first_poll:  # no glance possible: the newest page first, then the full read
             self._first_poll = False
             self.call_from_thread(self._apply_jobs, state.feed.first_page())
         delta = state.feed.fetch()

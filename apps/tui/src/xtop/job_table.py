@@ -2,7 +2,8 @@
 
 Textual's DataTable keeps a renderable per cell; filling it with 10,000 jobs takes seconds on the development VM
 and updating a hundred cells a third of a second, far over a refresh tick. This widget keeps the rows in
-`JobTableModel` and renders each visible line on demand (Textual's line API), so a tick costs the rows shown.
+`JobTableModel` and renders each visible line on demand (Textual's line API), so a tick costs the rows shown;
+and of those only the lines whose text changed are drawn again (each line drawn is remembered as its cells).
 Keys: up/down, page up/down, home/end move the cursor; Enter (or a double click) opens the job's run; a click
 selects a row.
 """
@@ -19,7 +20,7 @@ from rich.segment import Segment
 from rich.style import Style
 from textual import events
 from textual.binding import Binding, BindingType
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
@@ -92,6 +93,7 @@ class JobTable(ScrollView, can_focus=True):
         self._cursor_id: int | None = None
         self._now = self.clock()
         self._layouts: dict[int, list[tuple[Column, int]]] = {}
+        self._drawn: dict[int, tuple[object, ...]] = {}  # line -> what render_line drew there last
 
     # -- data ---------------------------------------------------------------------------------------------------
     def rows_changed(self) -> None:
@@ -106,7 +108,24 @@ class JobTable(ScrollView, can_focus=True):
         self._cursor_id = order[self.cursor] if order else None
         self._set_rows(len(order) + 1)
         self._now = self.clock()
-        self.refresh()
+        self._refresh_changed_lines()
+
+    def _refresh_changed_lines(self) -> None:
+        """Ask Textual to draw again only the lines whose content differs from what was drawn there."""
+        width, top = self.size.width, int(self.scroll_offset.y)
+        for y in range(1, self.size.height):
+            if self._drawn.get(y) != self._line_content(top + y - 1, width):
+                self.refresh(Region(0, y, width, 1))
+
+    def _line_content(self, index: int, width: int) -> tuple[object, ...]:
+        """What line `index` of the order shows: its cells and whether it is the cursor's (and focused)."""
+        order = self.model.order
+        if index >= len(order):
+            return ()
+        row = self.model.rows[order[index]]
+        now = self._now
+        cells = tuple(_fit(column.cell(row, now), w, column.right) for column, w in self._layout(width))
+        return (index == self.cursor, self.has_focus, row.state, *cells)
 
     def _set_rows(self, rows: int) -> None:
         """Resize the scrollable area, only when it changed: a new virtual size lays the screen out again."""
@@ -181,7 +200,7 @@ class JobTable(ScrollView, can_focus=True):
         return [(c, widths[c.title]) for c in shown]
 
     def render_line(self, y: int) -> Strip:
-        # Segments are built directly (no rich Text per line): a tick redraws every visible line, since ages move.
+        # Segments are built directly (no rich Text per line).
         width = self.size.width
         layout = self._layout(width)
         if y == 0:
@@ -189,23 +208,22 @@ class JobTable(ScrollView, can_focus=True):
             title = " ".join(_fit(c.title, w, c.right) for c, w in layout)
             return Strip([Segment(title, style)]).crop_extend(0, width, style)
         index = int(self.scroll_offset.y) + y - 1
-        order = self.model.order
-        if index >= len(order):
+        content = self._drawn[y] = self._line_content(index, width)
+        if not content:
             return Strip.blank(width)
-        row = self.model.rows[order[index]]
-        if index != self.cursor:
+        is_cursor, focused, state_name, *cells = content
+        if not is_cursor:
             base = Style()
-        elif self.has_focus:
+        elif focused:
             base = self.get_component_rich_style("jobtable--cursor")
         else:
             base = _UNFOCUSED_CURSOR
-        state = base + _state_rich_style(row.state)
+        state = base + _state_rich_style(str(state_name))
         segments = []
-        for position, (column, column_width) in enumerate(layout):
+        for position, ((column, _), cell) in enumerate(zip(layout, cells, strict=True)):
             if position:
                 segments.append(Segment(" ", base))
-            cell = _fit(column.cell(row, self._now), column_width, column.right)
-            segments.append(Segment(cell, state if column.title == "STATE" else base))
+            segments.append(Segment(str(cell), state if column.title == "STATE" else base))
         return Strip(segments).crop_extend(0, width, base)
 
     def on_resize(self) -> None:

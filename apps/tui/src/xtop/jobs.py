@@ -1,29 +1,37 @@
 """clusterx's jobs as the dashboard holds them: a cache kept current by incremental reads, a typed query, sorting.
 
-Reading every job each tick does not scale (clusterx builds a record per job: about 1.2 s for 10,000 jobs on the
-development VM), so the cache reads everything once and then, each tick, only what can have changed: the live
-jobs, the jobs that stopped being live since the previous tick, and jobs newer than the newest one seen. That
-rests on clusterx's rule that a terminal state never changes again.
+Reading every job each tick does not scale, so the cache reads everything once (by ids, a page of ids at a time)
+and then, each tick, only the jobs created or changed since the newest change it has seen
+(`clusterx.Client.changed_since`, one indexed query whatever the number of jobs stored or ended). That rests on
+clusterx setting a job's `updated_at` at every change of its record. Before all that, the first paint shows the
+newest jobs read with the standard library alone (`clusterx.glance`, SQLite files), so the table has its rows in
+the first frame without waiting for SQLAlchemy and pydantic to load.
 
 `JobFeed.fetch` runs in a worker thread and returns a `JobDelta`; `JobTableModel.apply` runs on the UI thread, so
-the rows the screen draws are never changed under it.
+the rows the screen draws are never changed under it. The model keeps its order incrementally (a changed job is
+moved by bisection), so a tick costs the jobs that changed, not the jobs held.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from clusterx.states import LIVE_STATES
 
 if TYPE_CHECKING:  # loaded with the client, after the first paint (see JobFeed._connect)
     from clusterx import Client
+    from clusterx.glance import JobGlance
     from clusterx.record import JobRecord
 
-# How many newest jobs one look asks for; doubled while every one of them is new (a burst of submissions).
-NEWEST_BATCH = 32
+# Ids per read of the first full load: the records of one page exist at a time, whatever the number of jobs.
+FULL_READ_IDS = 5000
+# How far before the newest change seen each tick reads again: clusterx.client.CHANGES_OVERLAP (not imported
+# from there, which would load SQLAlchemy before the first paint; a test keeps the two equal).
+CHANGES_OVERLAP = timedelta(seconds=5)
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,27 @@ class JobRow:
             return None
         end = self.ended_at or (now if self.live else self.started_at)
         return max(0.0, (end - self.started_at).total_seconds())
+
+    @classmethod
+    def from_glance(cls, job: JobGlance) -> JobRow:
+        return cls(
+            id=job.id,
+            name=job.name,
+            user=job.user,
+            state=job.state.value,
+            backend=job.backend,
+            nodes=job.nodes,
+            gpus_per_node=job.gpus_per_node,
+            procs_per_node=job.procs_per_node,
+            attempt=job.attempt,
+            max_retries=job.max_retries,
+            created_at=job.created_at,
+            started_at=job.started_at,
+            ended_at=job.ended_at,
+            run_dir=job.run_dir,
+            hosts=job.hosts,
+            failure_reason=job.failure_reason,
+        )
 
     @classmethod
     def from_record(cls, record: JobRecord) -> JobRow:
@@ -100,8 +129,7 @@ class JobFeed:
         self._client_factory = client_factory
         self._client: Client | None = None
         self._loaded = False
-        self._newest_id = 0
-        self._live_ids: set[int] = set()
+        self._newest_change: datetime | None = None  # the newest updated_at seen (or when the full read began)
 
     def _connect(self) -> Client:
         if self._client is None:
@@ -114,9 +142,18 @@ class JobFeed:
                 self._client = Client(self.db, poll_interval_s=0.0)
         return self._client
 
+    def glance(self, limit: int) -> JobDelta | None:
+        """The newest jobs read without the client (clusterx.glance), for the first paint; None where the
+        database cannot be read that way (not a SQLite file, or not readable now)."""
+        from clusterx.glance import newest_jobs  # noqa: PLC0415 (standard library only)
+
+        jobs = newest_jobs(self.db, limit)
+        return None if jobs is None else JobDelta(rows=[JobRow.from_glance(job) for job in jobs], complete=False)
+
     def first_page(self, limit: int = 200) -> JobDelta:
-        """The newest jobs, quickly, for the first paint; `fetch` reads the rest."""
-        return self._guarded(lambda client: self._remember(client.list(limit=limit, poll=False)), complete=False)
+        """The newest jobs through the client, for a first screen where `glance` cannot read; `fetch` reads the
+        rest."""
+        return self._guarded(lambda client: _rows(client.list(limit=limit, poll=False)), complete=False)
 
     def fetch(self) -> JobDelta:
         return self._guarded(self._fetch_changes)
@@ -135,35 +172,23 @@ class JobFeed:
 
     def _fetch_changes(self, client: Client) -> list[JobRow]:
         if not self._loaded:
-            rows = self._remember(client.list(limit=None, poll=True))
-            self._loaded = True
-            return rows
-        live = self._remember(client.list(states=LIVE_STATES, limit=None, poll=True))
-        live_now = {row.id for row in live}
-        # Jobs live at the previous look and not now have ended: read each one's final record.
-        ended = [JobRow.from_record(client.describe(job_id, poll=False)) for job_id in self._live_ids - live_now]
-        self._live_ids |= live_now
-        self._live_ids -= {row.id for row in ended}
-        return live + ended + self._newer(client)
+            return self._read_all(client)
+        assert self._newest_change is not None  # set by the full read
+        records = client.changed_since(self._newest_change - CHANGES_OVERLAP, poll=True)
+        self._newest_change = max([self._newest_change, *(record.updated_at for record in records)])
+        return _rows(records)
 
-    def _newer(self, client: Client) -> list[JobRow]:
-        newest = client.list(limit=1, poll=False)  # the common case, nothing new, costs one row
-        if not newest or newest[0].id <= self._newest_id:
-            return []
-        limit = NEWEST_BATCH
-        while True:
-            records = client.list(limit=limit, poll=False)
-            if len(records) < limit or records[-1].id <= self._newest_id:
-                break
-            limit *= 2
-        return self._remember([record for record in records if record.id > self._newest_id])
-
-    def _remember(self, records: Iterable[JobRecord]) -> list[JobRow]:
-        rows = [JobRow.from_record(record) for record in records]
-        for row in rows:
-            self._newest_id = max(self._newest_id, row.id)
-            if row.live:
-                self._live_ids.add(row.id)
+    def _read_all(self, client: Client) -> list[JobRow]:
+        """Every job, newest first, FULL_READ_IDS ids at a time; later ticks read what changed since it began."""
+        began = datetime.now(UTC)
+        client.reconcile()
+        newest = client.list(limit=1, poll=False)
+        rows: list[JobRow] = []
+        for high in range(newest[0].id if newest else 0, 0, -FULL_READ_IDS):
+            ids = range(max(1, high - FULL_READ_IDS + 1), high + 1)
+            rows += reversed(_rows(client.read_many(ids, poll=False)))
+        self._newest_change = began
+        self._loaded = True
         return rows
 
     @property
@@ -177,6 +202,10 @@ class JobFeed:
                 self._client.close()
             finally:
                 self._client = None
+
+
+def _rows(records: Iterable[JobRecord]) -> list[JobRow]:
+    return [JobRow.from_record(record) for record in records]
 
 
 def _one_line(error: BaseException) -> str:
@@ -246,8 +275,16 @@ SORT_KEYS: dict[str, Callable[[JobRow], Any]] = {
 SORT_ORDER = tuple(SORT_KEYS)
 
 
+# Above this many changed jobs in one look, sorting everything again is cheaper than moving each one.
+REORDER_ABOVE = 2000
+
+
 class JobTableModel:
-    """Every job seen, and the ids the table shows: filtered by the query, sorted by the chosen key."""
+    """Every job seen, and the ids the table shows: filtered by the query, sorted by the chosen key.
+
+    `order` (the ids shown, in display order) and `_keys` (their sort keys, in the same order) are kept sorted
+    incrementally: a job that changed leaves its old place and is put in its new one by bisection. Only the
+    "run time" key moves with the clock, so it sorts everything again each time."""
 
     def __init__(self) -> None:
         self.rows: dict[int, JobRow] = {}
@@ -255,6 +292,7 @@ class JobTableModel:
         self.sort_key = "id"
         self.descending = True
         self.order: list[int] = []
+        self._keys: list[Any] = []
         self.problem: str | None = None
         self.warnings: list[str] = []
         self.loaded = False
@@ -265,15 +303,36 @@ class JobTableModel:
         self.problem = delta.problem
         self.warnings = delta.warnings
         self.loaded = self.loaded or (delta.complete and delta.problem is None)
-        changed = False
-        for row in delta.rows:
-            if self.rows.get(row.id) != row:
-                self.rows[row.id] = row
-                changed = True
-        if changed:
-            self.live_count = sum(1 for row in self.rows.values() if row.live)
+        changes = [(self.rows.get(row.id), row) for row in delta.rows if self.rows.get(row.id) != row]
+        if not changes:
+            return False
+        for old, row in changes:
+            self.rows[row.id] = row
+            self.live_count += row.live - (old is not None and old.live)
+        if len(changes) > REORDER_ABOVE or self.sort_key == "run time":
             self.reorder()
-        return changed
+        else:
+            for old, row in changes:
+                self._move(old, row)
+        return True
+
+    def _move(self, old: JobRow | None, new: JobRow) -> None:
+        key = SORT_KEYS[self.sort_key]
+        if old is not None and self.query.matches(old):
+            at = self._position(key(old))
+            if at < len(self.order) and self.order[at] == old.id:
+                del self.order[at], self._keys[at]
+        if self.query.matches(new):
+            new_key = key(new)
+            at = self._position(new_key)
+            self.order.insert(at, new.id)
+            self._keys.insert(at, new_key)
+
+    def _position(self, key: Any) -> int:
+        """Where a job of this sort key stands in the display order (keys are unique: each ends with the id)."""
+        if self.descending:
+            return bisect.bisect_left(self._keys, _Descending(key), key=_Descending)
+        return bisect.bisect_left(self._keys, key)
 
     def set_query(self, text: str) -> None:
         self.query = JobQuery.parse(text)
@@ -292,10 +351,25 @@ class JobTableModel:
         if self.sort_key == "id":  # the default: sorting the ids themselves is several times faster
             ids = self.rows if not query.terms else [i for i, row in self.rows.items() if query.matches(row)]
             self.order = sorted(ids, reverse=self.descending)
+            self._keys = list(self.order)
             return
         shown = self.rows.values() if not query.terms else [row for row in self.rows.values() if query.matches(row)]
         key = SORT_KEYS[self.sort_key]
-        self.order = [row.id for row in sorted(shown, key=key, reverse=self.descending)]
+        keyed = sorted(((key(row), row.id) for row in shown), reverse=self.descending)
+        self._keys = [k for k, _ in keyed]
+        self.order = [job_id for _, job_id in keyed]
+
+
+class _Descending:
+    """A sort key compared the other way round: bisection in a list sorted in descending order."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+
+    def __lt__(self, other: _Descending) -> bool:
+        return bool(other.key < self.key)
 
 
 def state_style(state: str) -> str:

@@ -45,13 +45,17 @@ class ModeBar(Static):
             position += width
 
 
-def show(widget: Static, content: Text) -> None:
+def show(widget: Static, content: Text, *, layout: bool = True) -> None:
     """Update a Static only when what it shows changed: an update lays the screen out again, which costs more
-    than the rest of a tick on a large terminal."""
+    than the rest of a tick on a large terminal. `layout=False` for a widget of fixed size (one line, say): its
+    line is drawn again, and nothing is laid out."""
     shown = widget.content
     if isinstance(shown, Text) and shown.plain == content.plain and shown.spans == content.spans:
         return
-    set_content(widget, content)
+    if layout:
+        set_content(widget, content)
+    else:
+        widget.update(content, layout=False)
 
 
 def set_content(widget: Static, content: VisualType) -> None:

@@ -54,7 +54,7 @@ class JobsScreen(XtopScreen):
             summary.append(f"   filter: {model.query.text}", style="bold cyan")
         if not model.loaded and model.problem is None:
             summary.append("   loading…", style="dim")
-        show(self.query_one("#jobs-summary", Static), summary)
+        show(self.query_one("#jobs-summary", Static), summary, layout=False)  # one line (xtop.tcss)
         status = Text()
         if model.problem:
             status.append(f" {model.problem}", style="bold red")
