@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from deeptrace.analysis.record_files import RECORD_START
 from deeptrace.cli import main
 from deeptrace.collect import trace_format as fmt
 from deeptrace.errors import CutOffError
-from deeptrace.rundir import follow_metrics, layout, read_metrics
+from deeptrace.rundir import StepRecord, follow_metrics, layout, read_metrics
+from deeptrace.rundir.jsonl import read_records, scan_records
 from deeptrace.watch.follow import TraceFollower
 from deeptrace.watch.session import Watch, WatchConfig
 from xtop.run_source import RunSource
@@ -97,6 +99,25 @@ def test_analyze_reads_a_cut_record_file_up_to_its_last_whole_record(
     assert sorted(report["ranks"]) == ["0", "1"]  # the traces are analysed as before
 
 
+def test_analyzes_quick_scan_agrees_with_the_full_reader_at_every_cut(run_dir: Path) -> None:
+    """analyze counts a record file's lines and parses its end only (`scan_records`); at every byte where the
+    file may be cut, and with a later attempt's record glued after a cut, it says what `read_records` says."""
+    path = layout.metrics_path(run_dir)
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    glued = b"\n".join([lines[0], lines[1][:30] + StepRecord(step=1, loss=1.5).to_line()]) + lines[2] + b"\n"
+    for content in [*(data[:offset] for offset in range(len(data) + 1)), glued, b"\n\n" + data + b"\n"]:
+        path.write_bytes(content)
+        cuts: list[CutOffError] = []
+        records = read_records(path, StepRecord.from_line, cuts=cuts)
+        scan = scan_records(path, StepRecord.from_line, RECORD_START)
+        assert (scan.records, scan.last, [str(c) for c in scan.cuts]) == (
+            len(records),
+            records[-1] if records else None,
+            [str(c) for c in cuts],
+        ), content
+
+
 def test_a_whole_record_file_has_no_cut_note(run_dir: Path) -> None:
     report, _ = _analyze(run_dir)
     metrics = _input(report, layout.metrics_path(run_dir))
@@ -110,8 +131,8 @@ def test_a_cut_file_that_a_later_attempt_appended_to_keeps_both_sides_of_the_cut
     data = path.read_bytes()
     lines = data.split(b"\n")
     cut_line = lines[2][: len(lines[2]) // 2]
-    resumed = json.dumps({"step": 2, "loss": 1.5, "resumed_from_step": 1}).encode()
-    path.write_bytes(b"\n".join([*lines[:2], cut_line + resumed, lines[3]]) + b"\n")
+    resumed = StepRecord(step=2, loss=1.5, resumed_from_step=1).to_line()  # as the writer writes it
+    path.write_bytes(b"\n".join([*lines[:2], cut_line + resumed.rstrip(b"\n"), lines[3]]) + b"\n")
     cuts: list[CutOffError] = []
     records = read_metrics(run_dir, cuts=cuts)
     assert [r.step for r in records] == [0, 1, 2, 3]
@@ -135,7 +156,7 @@ def test_a_follower_names_a_cut_once_the_file_has_stopped_growing(run_dir: Path)
     with pytest.raises(CutOffError, match=rf"{path}:3: cut off"):
         follower.poll()
     with path.open("ab") as handle:  # the next attempt finishes nothing but appends a whole record after it
-        handle.write(json.dumps({"step": 2, "loss": 1.5}).encode() + b"\n")
+        handle.write(StepRecord(step=2, loss=1.5).to_line())
     assert [(r.step, r.loss) for r in follower.poll()] == [(2, 1.5)]
     with pytest.raises(CutOffError, match="appended a whole record after the cut"):
         follower.poll()  # said once, after the records

@@ -14,9 +14,12 @@ from typing import Any
 
 from deeptrace.errors import CutOffError, TraceInputError
 from deeptrace.rundir import layout
-from deeptrace.rundir.jsonl import LineParser, read_records
+from deeptrace.rundir.jsonl import LineParser, scan_records
 from deeptrace.rundir.readers import rank_records_files, read_heartbeats
 from deeptrace.rundir.step_records import RankStepRecord, StepRecord
+
+# How every line of metrics.jsonl and ranks/rank-R.jsonl begins: `format_version` is the records' first field.
+RECORD_START = b'{"format_version":'
 
 
 def record_files_status(run_dir: Path, note: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -47,21 +50,21 @@ def _jsonl_status(
     parse: LineParser[StepRecord] | LineParser[RankStepRecord],
     note: Callable[[str], None],
 ) -> dict[str, Any]:
-    cuts: list[CutOffError] = []
     try:
-        records = read_records(path, parse, cuts=cuts)
+        # The analyses do not need every record: count them and read the last (a long run has millions).
+        scan = scan_records(path, parse, RECORD_START)
     except TraceInputError as error:
         note(str(error))
         return _entry(path, kind, rank, error=str(error))
-    for cut in cuts:
+    for cut in scan.cuts:
         note(str(cut))
     return _entry(
         path,
         kind,
         rank,
-        cut="; ".join(str(cut) for cut in cuts) or None,
-        records=len(records),
-        last_step=records[-1].step if records else None,
+        cut="; ".join(str(cut) for cut in scan.cuts) or None,
+        records=scan.records,
+        last_step=scan.last.step if scan.last is not None else None,
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -225,3 +226,50 @@ def read_records(
         if cut is not None and cuts is not None:
             cuts.append(cut)
     return records
+
+
+@dataclass(frozen=True)
+class RecordsScan(Generic[T]):
+    """What `scan_records` found: the whole records, the last of them, and where the file was cut."""
+
+    records: int
+    last: T | None
+    cuts: list[CutOffError] = field(default_factory=list)
+
+
+def scan_records(path: Path | str, parse: LineParser[T], record_start: bytes) -> RecordsScan[T]:
+    """The number of whole records of a JSON Lines file, its last record and its cuts, as `read_records` gives
+    them, at the cost of counting its lines: only the last line and a line holding two record starts (a cut
+    record with a whole one glued after it: then the whole file is read) are parsed; the others are not
+    validated. `record_start` is how every record begins (its first key). Raises TraceInputError for a missing
+    file, or a last line that does not parse although it is complete."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise TraceInputError(path, "file not found") from None
+    end = data.rfind(b"\n") + 1
+    lines = data.count(b"\n", 0, end)
+    tail = data[end:]
+    blank = data.count(b"\n\n", 0, end) + int(data.startswith(b"\n"))
+    if data.count(record_start) > lines - blank + int(bool(tail.strip())):
+        cuts: list[CutOffError] = []
+        whole = read_records(path, parse, cuts=cuts)
+        return RecordsScan(len(whole), whole[-1] if whole else None, cuts)
+    records = lines - blank
+    last: T | None = None
+    cut: CutOffError | None = None
+    if tail.strip():
+        try:
+            last, cut = _parse_line(path, lines + 1, tail, parse)
+        except TraceInputError:
+            cut = cut_at_end(path, lines + 1, len(tail))
+        else:
+            records += 1  # a last line that lacks only its newline
+    if last is None and records:
+        start = data.rfind(b"\n", 0, end - 1) + 1
+        while not data[start : end - 1].strip():  # blank last lines: the record before them
+            end = start
+            start = data.rfind(b"\n", 0, end - 1) + 1
+        last = _parse_line(path, data.count(b"\n", 0, start) + 1, data[start : end - 1], parse)[0]
+    return RecordsScan(records, last, [cut] if cut is not None else [])
