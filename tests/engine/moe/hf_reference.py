@@ -61,6 +61,7 @@ def build_deepseek_pair(
     n_shared: int,
     scaling: float = 2.5,
     seed: int = 0,
+    experts_impl: str = "auto",
 ) -> tuple[Any, MoEBlock]:
     """transformers' DeepSeek-V3 MoE block (sigmoid group-limited router, shared experts) and its xtrain twin."""
     from transformers import DeepseekV3Config
@@ -82,7 +83,7 @@ def build_deepseek_pair(
     hf = DeepseekV3MoE(hf_cfg)
     _randomise(hf)
     cfg_dict = hf_cfg.to_dict() | {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
-    ours = MoEBlock(hidden, MoEConfig.from_hf_config(cfg_dict))
+    ours = MoEBlock(hidden, MoEConfig.from_hf_config(cfg_dict).model_copy(update={"experts_impl": experts_impl}))
     state = {
         "router.weight": hf.gate.weight.detach().clone(),
         "router.e_score_correction_bias": hf.gate.e_score_correction_bias.detach().clone(),

@@ -16,7 +16,8 @@ from tests.engine.moe.hf_reference import build_deepseek_pair, rel_err
         (3, 32, 6, 8, 3, 1),  # more experts than tokens
     ],
 )
-def test_matches_deepseek_v3_moe(case: tuple[int, int, int, int, int, int]) -> None:
+@pytest.mark.parametrize("impl", ["auto", "grouped_mm"])  # auto: the fused CPU loop here
+def test_matches_deepseek_v3_moe(case: tuple[int, int, int, int, int, int], impl: str) -> None:
     tokens, experts, top_k, n_group, topk_group, n_shared = case
     hidden, inter = 32, 16
     hf, ours = build_deepseek_pair(
@@ -27,6 +28,7 @@ def test_matches_deepseek_v3_moe(case: tuple[int, int, int, int, int, int]) -> N
         n_group=n_group,
         topk_group=topk_group,
         n_shared=n_shared,
+        experts_impl=impl,
     )
     torch.manual_seed(3)
     bias = torch.randn(experts) * 0.3

@@ -17,6 +17,9 @@ from tests.engine.moe.hf_reference import build_qwen3_pair, rel_err
         (5, 16, 4, "grouped_mm"),  # more experts than tokens: most experts get no token
         (3, 32, 8, "loop"),
         (600, 16, 8, "grouped_mm"),  # 4800 slots: crosses the CPU's piecewise boundaries
+        (64, 8, 2, "auto"),  # the fused CPU loop, the default here
+        (5, 16, 4, "cpu_fused"),
+        (600, 16, 8, "cpu_fused"),
     ],
 )
 def test_matches_qwen3_moe_block(norm_topk_prob: bool, tokens: int, experts: int, top_k: int, impl: str) -> None:
@@ -54,8 +57,8 @@ def test_matches_qwen3_moe_block(norm_topk_prob: bool, tokens: int, experts: int
 def test_sum_backward_with_stride_zero_gradient_matches_reference() -> None:
     """`y.sum().backward()` hands a stride-0 gradient to the block; torch's CPU grouped_mm backward alone
     rejects it."""
-    hf, ours = build_qwen3_pair(hidden=32, experts=8, top_k=2, inter=16, norm_topk_prob=True)
-    assert ours.experts.impl_for(torch.zeros(1, 32)) == "grouped_mm"
+    hf, ours = build_qwen3_pair(hidden=32, experts=8, top_k=2, inter=16, norm_topk_prob=True, experts_impl="grouped_mm")
+    assert ours.experts.path_for(torch.zeros(1, 32)) == "grouped_mm"
     x = torch.randn(40, 32)
     x_hf = x.clone().requires_grad_(True)
     hf(x_hf.unsqueeze(0)).sum().backward()

@@ -84,11 +84,14 @@ class MoEConfig(BaseModel):
     """Step of the aux-loss-free balancing update of `e_score_correction_bias` (DeepSeek-V3's gamma)."""
 
     experts_impl: ExpertsImpl = "auto"
-    """Expert compute: `grouped_mm` (torch's grouped matmul), `loop` (one matmul per expert, the portable
-    fallback), or `auto` (grouped_mm wherever the device, dtype and shapes allow it, else loop). `cpu_fused` is an
-    opt-in for CPU runs: where auto would take grouped_mm on the CPU in eager mode, it runs the experts one by one
-    in `FusedExpertsCPU` instead, without any [slots, hidden] temporary (faster and far smaller on CPU, but a
-    Python loop over experts, so never the default); elsewhere it behaves as auto."""
+    """Expert compute. `auto` (the default) picks the fastest correct path for the device and dtype: `cpu_fused`
+    on the CPU in eager mode (fp32, bf16, fp16 with 16-byte aligned rows; whole, unbiased experts), else
+    `grouped_mm` where torch's kernel runs (bf16 on CUDA from compute capability 8.0, the CPU under
+    torch.compile, expert-parallel rows), else `loop` (docs/engine-moe.md has the table). The others force a
+    path and raise a `ValueError` where it cannot run: `cpu_fused` (`FusedExpertsCPU`: dispatch, both matmuls,
+    the weighted SwiGLU and the combine fused expert by expert, no [slots, hidden] temporary), `grouped_mm`
+    (torch's grouped matmul between separate dispatch and combine), `loop` (one matmul per expert, the portable
+    reference)."""
 
     init_std: float = Field(default=0.02, gt=0.0)
     """Standard deviation of the normal initialisation of router and expert weights."""

@@ -109,8 +109,9 @@ class FusedExpertsCPU(torch.autograd.Function):
             silu = gate * sig
             act = silu * up  # the activation before the routing weight
             if grad_down_proj is not None:
-                # d down_e = gyᵀ @ (act * w)
-                torch.mm(gy.t(), act * w, out=grad_down_proj[e])
+                # d down_e = gyᵀ @ h, with h recomputed exactly as forward made it (F.silu, then up, then w), so
+                # the product is bit for bit the grouped path's (whose backward reads the saved h).
+                torch.mm(gy.t(), torch.mul(F.silu(gate), up).mul_(w), out=grad_down_proj[e])
             grad_h = torch.mm(gy, down_proj[e])
             if grad_w_S1 is not None:
                 torch.sum(act.mul_(grad_h), dim=-1, keepdim=True, out=grad_w_S1[start:stop])

@@ -9,24 +9,30 @@ The stages are separate so that code outside the model can take them apart (``xt
 moves the sorted rows to the ranks that hold their experts between ``permute`` and ``compute``):
 
 - ``forward(x_TD, weights_TK, experts_TK, counts_E)``: the whole chain on one device (permute → compute → combine);
-- ``compute(x_SD, weight_S1, counts_E)``: the local experts on plain local tensors (the fast path: torch's grouped
-  matmul; the reference path: one matmul per expert, ``experts_impl="loop"``);
+- ``compute(x_SD, weight_S1, counts_E)``: the local experts on plain local tensors (torch's grouped matmul; the
+  reference path: one matmul per expert, ``experts_impl="loop"``);
 - ``forward_slices``: ``compute`` over several batches of rows in one module call, so that a wrapper that hooks
   module calls (FSDP's gather and gradient reduction) runs once for all of them.
 
 Parameters may be DTensors after an expert-parallel step (sharded on the expert dimension): ``compute`` works on
 their local part, duck-typed (``to_local``), so this package needs no torch.distributed.
+
+Which path runs (:func:`choose_experts_path`, the table in docs/engine-moe.md): ``auto`` takes the fused CPU
+loop (``cpu_fused``, cpu_experts.py) for the whole chain on the CPU in eager mode, torch's grouped matmul where
+that kernel runs otherwise (accelerators, ``torch.compile``, expert-parallel rows), else the per-expert loop;
+``MoEConfig.experts_impl`` forces one of the three.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import torch
 from torch import nn
 
-from xtrain.model.moe.config import MoEConfig
+from xtrain.model.moe.config import ExpertsImpl, MoEConfig
 from xtrain.model.moe.cpu_experts import FusedExpertsCPU
 from xtrain.model.moe.grouped_mm import GroupedImpl, grouped_mm, resolve_impl
 from xtrain.model.moe.permute import WeightedSwiGLU, combine_rows, dispatch_rows, group_offsets, permute_slots
@@ -34,6 +40,32 @@ from xtrain.model.moe.permute import WeightedSwiGLU, combine_rows, dispatch_rows
 ExpertRows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """One batch for ``compute``: rows x_SD sorted by (local) expert, their routing weights weight_S1, rows per
 expert counts_E."""
+
+
+ExpertsPath = Literal["cpu_fused", "grouped_mm", "loop"]
+"""What computes the routed experts: the fused CPU loop, torch's grouped matmul, or one matmul per expert."""
+
+
+def choose_experts_path(requested: ExpertsImpl, *, grouped: GroupedImpl, fusable: bool, where: str = "") -> ExpertsPath:
+    """The path for a requested ``MoEConfig.experts_impl``.
+
+    ``grouped``: what the grouped-matmul stage would use here (``resolve_impl``: ``grouped_mm`` where torch's kernel
+    runs on this device, dtype and shapes, else ``loop``; it has already refused a forced ``grouped_mm`` that cannot
+    run). ``fusable``: whether the fused CPU loop can run: the whole one-device chain, on the CPU, in eager mode,
+    with whole unbiased experts. ``auto`` takes ``cpu_fused`` where fusable and the kernel runs (fp32, bf16, fp16
+    with 16-byte aligned rows: the fastest on the CPU, and far smaller), else ``grouped``. A forced ``cpu_fused``
+    that cannot run raises a ``ValueError`` naming ``where`` and the fix."""
+    if requested == "cpu_fused":
+        if not fusable:
+            raise ValueError(
+                f"experts_impl='cpu_fused' cannot run here ({where}): it needs the CPU in eager mode (no "
+                "torch.compile), whole experts (no expert parallelism) and experts without biases; use "
+                "experts_impl='auto', 'grouped_mm' or 'loop'"
+            )
+        return "cpu_fused"
+    if requested == "auto" and fusable and grouped == "grouped_mm":
+        return "cpu_fused"
+    return grouped
 
 
 def local_part(tensor: torch.Tensor) -> torch.Tensor:
@@ -57,13 +89,23 @@ class RoutedExperts(nn.Module, abc.ABC):
         already multiplied by the routing weight."""
 
     def impl_for(self, x: torch.Tensor) -> GroupedImpl:
-        """The grouped-matmul implementation used for this input (device, dtype, shapes)."""
-        # "cpu_fused" concerns the whole one-device chain only (GroupedExperts); for compute it means "auto".
-        requested = "auto" if self.config.experts_impl == "cpu_fused" else self.config.experts_impl
+        """The grouped-matmul implementation ``compute`` uses for this input (device, dtype, shapes)."""
+        requested = self.config.experts_impl
+        if requested == "cpu_fused":
+            # compute() runs on rows someone else dispatched (expert parallelism), or for experts the fused loop
+            # does not cover: a forced fused path cannot run there.
+            choose_experts_path(requested, grouped="loop", fusable=False, where=self._where(x))
         gate_up, down = local_part(self.gate_up_proj), local_part(self.down_proj)
         first = resolve_impl(requested, x, gate_up.transpose(-2, -1))
         second = resolve_impl(requested, x, down.transpose(-2, -1))
         return "grouped_mm" if first == second == "grouped_mm" else "loop"
+
+    def _where(self, x: torch.Tensor) -> str:
+        return (
+            f"{type(self).__name__} on {x.device.type}, {str(x.dtype).removeprefix('torch.')}, "
+            f"torch.compile: {torch.compiler.is_compiling()}, "
+            f"expert parallelism: {hasattr(self.gate_up_proj, 'to_local')}"
+        )
 
     def forward(
         self,
@@ -109,17 +151,17 @@ class GroupedExperts(RoutedExperts):
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * f, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(e, hidden_size, f))
 
-    def fused_cpu(self, x: torch.Tensor, impl: GroupedImpl) -> bool:
-        """Whether the one-device chain runs as `FusedExpertsCPU`: only when asked for (`experts_impl="cpu_fused"`),
-        on the CPU in eager mode where grouped_mm would run. The default fast path stays torch's grouped matmul,
-        with no Python loop over experts (accelerators, torch.compile, and CPU unless asked)."""
-        return (
-            self.config.experts_impl == "cpu_fused"
-            and impl == "grouped_mm"
-            and x.device.type == "cpu"
+    def path_for(self, x: torch.Tensor) -> ExpertsPath:
+        """The path the one-device chain takes for this input (``choose_experts_path``)."""
+        requested = self.config.experts_impl
+        fusable = (
+            x.device.type == "cpu"
             and not torch.compiler.is_compiling()
             and not hasattr(self.gate_up_proj, "to_local")  # whole experts only: not after expert parallelism
         )
+        # The grouped stage's choice; a forced fused path needs none (its matmuls are plain ones).
+        grouped = self.impl_for(x) if requested != "cpu_fused" else "loop"
+        return choose_experts_path(requested, grouped=grouped, fusable=fusable, where=self._where(x))
 
     def forward(
         self,
@@ -129,10 +171,10 @@ class GroupedExperts(RoutedExperts):
         tokens_per_expert: torch.Tensor,
     ) -> torch.Tensor:
         """x [T, D], routing weights and expert ids [T, K], tokens per expert [E] -> y [T, D], on one device."""
-        if not self.fused_cpu(x, self.impl_for(x)):
+        if self.path_for(x) != "cpu_fused":
             return super().forward(x, routing_weights, routed_experts, tokens_per_expert)
-        # Opt-in: torch's CPU grouped matmul is itself a loop of one matmul per expert; the fused loop runs the
-        # same matmuls for the three stages at once, without any S×D temporary (see cpu_experts.py).
+        # torch's CPU grouped matmul is itself a loop of one matmul per expert; the fused loop runs the same
+        # matmuls for the three stages at once, without any S×D temporary (see cpu_experts.py).
         layout, weight_S1 = permute_slots(routed_experts, routing_weights)
         y: torch.Tensor = FusedExpertsCPU.apply(  # type: ignore[no-untyped-call]  # Function.apply is untyped
             x, weight_S1, self.gate_up_proj, self.down_proj, layout.token_S, tokens_per_expert.tolist()
