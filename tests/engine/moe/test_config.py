@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
+from xtrain.config import load_train_config
+from xtrain.errors import ConfigError
 from xtrain.model.moe import MoEConfig, UnsupportedHFMoEConfigError
+from xtrain.train.build import resolve_model_config
 
 
 def test_reads_transformers_qwen3_moe_config_and_hub_keys() -> None:
@@ -98,3 +103,18 @@ def test_validation_rejects_unknown_fields_and_impossible_shapes() -> None:
             n_group=4,
             topk_group=1,
         )
+
+
+def test_the_run_config_key_forces_the_experts_path() -> None:
+    """``[model] experts_impl`` reaches every MoE block's config; an unknown name is one ConfigError naming the key
+    and the choices."""
+    example = Path(__file__).parents[3] / "examples" / "debug_moe.toml"
+    default = resolve_model_config(load_train_config(example))
+    assert default.moe is not None and default.moe.experts_impl == "auto"
+    for impl in ("cpu_fused", "grouped_mm", "loop"):
+        forced = resolve_model_config(load_train_config(example, [f"model.experts_impl={impl}"]))
+        assert forced.moe is not None and forced.moe.experts_impl == impl
+    with pytest.raises(ConfigError) as info:
+        load_train_config(example, ["model.experts_impl=fused"])
+    message = str(info.value)
+    assert "model.experts_impl" in message and "'cpu_fused'" in message and message.count("\n") == 0

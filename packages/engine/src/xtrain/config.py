@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from xtrain.data.config import DataConfig, DataSource
 from xtrain.errors import ConfigError
 from xtrain.model.attention_backends import AttentionBackendName
+from xtrain.model.moe.config import ExpertsImpl
 from xtrain.parallel.checkpointing import checkpointed_layers
 
 
@@ -35,6 +36,10 @@ class ModelSection(_Section):
     """A local Hugging Face folder (config.json + safetensors) to start from; its config.json gives the shapes."""
     attention_backend: AttentionBackendName = "auto"
     """Attention kernel: ``auto`` picks flash_attn, then torch_varlen, then sdpa, by what can run."""
+    experts_impl: ExpertsImpl = "auto"
+    """Routed experts' path (MoE models; a dense model ignores it): ``auto`` picks the fastest correct one for the
+    device and dtype (the fused CPU loop on the CPU, torch's grouped matmul where it runs otherwise, else one matmul
+    per expert: docs/engine-moe.md); ``cpu_fused``, ``grouped_mm`` or ``loop`` forces one."""
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSection:

@@ -27,13 +27,17 @@ from xtrain.train.step import LossSettings
 
 
 def resolve_model_config(config: TrainConfig) -> ModelConfig:
-    """The model's shapes: a named size, or the Hugging Face folder's config.json; with the chosen backend."""
+    """The model's shapes: a named size, or the Hugging Face folder's config.json; with the chosen attention
+    backend and experts path."""
     if config.model.hf_path is not None:
         base = read_hf_config(config.model.hf_path)
     else:
         assert config.model.size is not None  # the config validator requires one of the two
         base = model_config(config.model.size)
-    return base.model_copy(update={"attention_backend": config.model.attention_backend})
+    update: dict[str, object] = {"attention_backend": config.model.attention_backend}
+    if base.moe is not None:
+        update["moe"] = base.moe.model_copy(update={"experts_impl": config.model.experts_impl})
+    return base.model_copy(update=update)
 
 
 def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
