@@ -66,7 +66,7 @@ def test_a_version_1_checkpoint_resumes_exactly_and_an_unknown_version_is_refuse
     assert "(exit 0)" in said, said
     marker_path = old / "checkpoints" / "step-2" / "COMPLETE"
     marker = json.loads(marker_path.read_text())
-    assert marker["format_version"] == 2
+    assert marker["format_version"] == 3
     marker_path.write_text(json.dumps(as_version_1(marker)))
     refused = tmp_path / "refused"
     shutil.copytree(old, refused)

@@ -1,6 +1,7 @@
 """``checkpoint.hf_every_steps``: a Hugging Face folder written from a complete checkpoint by another process.
 
-Rank 0 starts ``python -m xtrain export CHECKPOINT RUN_DIR/hf/step-N`` once the checkpoint of step N is complete,
+Rank 0 starts ``xtrain export CHECKPOINT RUN_DIR/hf/step-N`` (through :mod:`xtrain.train.lifeline`, so it
+dies with the rank) once the checkpoint of step N is complete,
 so training is blocked only by the checkpoint save itself; the export reads the checkpoint's files, not the live
 model. One export runs at a time (a next one waits for it). Its output goes to RUN_DIR/logs/hf-export-step-N.log;
 ``xtrain export`` writes into a temporary folder renamed at the end, so RUN_DIR/hf/step-N is always whole.
@@ -15,6 +16,8 @@ import sys
 from pathlib import Path
 
 from deeptrace.rundir import layout
+
+from xtrain.train.lifeline import PARENT_PID_ENV
 
 log = logging.getLogger("xtrain")
 
@@ -35,7 +38,8 @@ class BackgroundExports:
         env = {key: value for key, value in os.environ.items() if key not in _JOB_VARIABLES}
         env["OMP_NUM_THREADS"] = "1"  # beside the ranks, not against them
         env["CUDA_VISIBLE_DEVICES"] = ""  # reads files on the CPU; the GPUs stay the ranks'
-        command = [sys.executable, "-m", "xtrain", "export", str(checkpoint), str(target), "--replace"]
+        env[PARENT_PID_ENV] = str(os.getpid())
+        command = [sys.executable, "-m", "xtrain.train.lifeline", "export", str(checkpoint), str(target), "--replace"]
         with log_path.open("ab") as output:
             process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
         self._running = (step, process)

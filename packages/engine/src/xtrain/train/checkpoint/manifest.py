@@ -8,7 +8,9 @@ LR schedule, data position, counters) and the resolved config — so a reader ne
 checkpoint is.
 
 Format versions: 1 held the training state as an untyped dict (read and converted, so those checkpoints resume
-exactly); 2 holds a ``TrainState``. A newer version than this code knows is refused with a message naming it.
+exactly); 2 holds a ``TrainState``; 3 adds ``files``, the size and CRC32 of every other file of the checkpoint
+(:mod:`.integrity`), verified before the checkpoint is loaded. Versions 1 and 2 have no checksums and resume after
+a structural check only. A newer version than this code knows is refused with a message naming it.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from clusterx.fileio import write_atomically
 from deeptrace.rundir import layout
 from pydantic import ValidationError
 
+from xtrain.train.checkpoint.integrity import FileDigest
 from xtrain.train.checkpoint.train_state import TrainState
 
 FORMAT = "xtrain-checkpoint"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+FIRST_VERSION_WITH_CHECKSUMS = 3
 OLDEST_FORMAT_VERSION = 1
 MARKER = layout.CHECKPOINT_COMPLETE_MARKER
 CONFIG_FILE = "config.toml"
@@ -46,13 +50,18 @@ class Manifest:
     folder it started from."""
     xtrain_version: str
     saved_unix_s: float
+    files: dict[str, FileDigest] | None = None
+    """Every other file of the checkpoint (relative name → size and CRC32); None in a marker of format 1 or 2."""
     format_version: int = FORMAT_VERSION
     """The version the marker was written in (older ones are converted when read)."""
 
     def to_json(self) -> str:
+        if self.files is None:
+            raise ValueError("a checkpoint marker is written with the checksums of its files")
         fields = {name: getattr(self, name) for name in _FIELDS if name != "train_state"}
         document = {"format": FORMAT, **fields, "format_version": FORMAT_VERSION}
         document["train_state"] = self.train_state.model_dump(mode="json")
+        document["files"] = {name: digest.to_json() for name, digest in self.files.items()}
         return json.dumps(document, indent=1) + "\n"
 
 
@@ -87,11 +96,16 @@ def read_manifest(folder: Path) -> Manifest:
         fields = {key: raw[key] for key in _FIELDS}
         state = fields["train_state"]
         fields["train_state"] = TrainState.from_version_1(state) if version == 1 else TrainState.model_validate(state)
+        files = None
+        if version >= FIRST_VERSION_WITH_CHECKSUMS:
+            files = {str(name): FileDigest.from_json(entry) for name, entry in dict(raw["files"]).items()}
     except KeyError as missing:
         raise ManifestError(f"{path} (format version {version}) lacks the field {missing}") from None
     except (ValidationError, TypeError) as error:
         raise ManifestError(f"{path} (format version {version}) has a bad train_state: {error}") from None
-    return Manifest(**fields, format_version=version)
+    except ValueError as error:
+        raise ManifestError(f"{path} (format version {version}) has a bad list of files: {error}") from None
+    return Manifest(**fields, files=files, format_version=version)
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:

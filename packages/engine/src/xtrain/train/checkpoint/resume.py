@@ -20,27 +20,32 @@ from xtrain.model.config import ModelConfig
 from xtrain.train.checkpoint.compat import check_fits, saved_shapes
 from xtrain.train.checkpoint.locate import ResumePoint, resolve_resume
 from xtrain.train.checkpoint.parts import RNG_PREFIX, Checkpointed, TrainingParts
-from xtrain.train.checkpoint.saver import discard_later_checkpoints
+from xtrain.train.checkpoint.saver import discard_later_checkpoints, set_aside_corrupted
 
 
 @dataclass
 class ResumeDecision:
     point: ResumePoint | None
     warnings: list[str] = field(default_factory=list)
+    corrupted: list[Path] = field(default_factory=list)
+    """Complete checkpoints newer than ``point`` whose files do not verify (``--resume auto`` fell back)."""
 
 
 def decide(resume: str, run_dir: Path, model_config: ModelConfig) -> ResumeDecision:
-    """The checkpoint to resume from, checked against the model: CheckpointError naming it otherwise. Reads only."""
+    """The checkpoint to resume from, verified and checked against the model: CheckpointError naming it
+    otherwise. Reads only."""
     warnings: list[str] = []
-    point = resolve_resume(resume, run_dir, warnings.append)
+    corrupted: list[Path] = []
+    point = resolve_resume(resume, run_dir, warnings.append, corrupted)
     if point is not None:
         check_fits(point.folder, model_config, saved_shapes(point.folder))
-    return ResumeDecision(point, warnings)
+    return ResumeDecision(point, warnings, corrupted)
 
 
 def decide_on_all_ranks(resume: str, run_dir: Path, model_config: ModelConfig, rank: int) -> ResumeDecision:
     """Rank 0 decides (one reading of the folder), every rank gets the same answer or the same error. Then rank 0
-    removes checkpoints later than the resumed step, before anything else is written."""
+    sets aside the corrupted checkpoints it fell back from and removes the other checkpoints later than the
+    resumed step, before anything else is written."""
     answer: list[Any] = [None]
     if rank == 0:
         try:
@@ -54,6 +59,7 @@ def decide_on_all_ranks(resume: str, run_dir: Path, model_config: ModelConfig, r
     decision: ResumeDecision = answer[0]
     if rank == 0:
         start = decision.point.step if decision.point is not None else 0
+        set_aside_corrupted(decision.corrupted, decision.warnings.append)
         discard_later_checkpoints(run_dir, start, decision.warnings.append)
     if dist.is_initialized():
         dist.barrier()
