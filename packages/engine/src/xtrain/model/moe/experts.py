@@ -176,8 +176,12 @@ class GroupedExperts(RoutedExperts):
         # torch's CPU grouped matmul is itself a loop of one matmul per expert; the fused loop runs the same
         # matmuls for the three stages at once, without any S×D temporary (see cpu_experts.py).
         layout, weight_S1 = permute_slots(routed_experts, routing_weights)
+        # Rows per expert as Python ints for the loop: tensor_split reads the (CPU) boundaries in C++, and the
+        # pieces' lengths are shapes. This path runs on the CPU only: no device-to-host copy exists here.
+        bounds = torch.cumsum(tokens_per_expert, dim=0)[:-1]
+        counts = [piece.shape[0] for piece in torch.tensor_split(layout.token_S, bounds)]
         y: torch.Tensor = FusedExpertsCPU.apply(  # type: ignore[no-untyped-call]  # Function.apply is untyped
-            x, weight_S1, self.gate_up_proj, self.down_proj, layout.token_S, tokens_per_expert.tolist()
+            x, weight_S1, self.gate_up_proj, self.down_proj, layout.token_S, counts
         )
         return y
 
