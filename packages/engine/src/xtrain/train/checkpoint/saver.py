@@ -64,8 +64,8 @@ class _InFlight:
     """What a synchronous save raised."""
 
 
-_OK, _DISK_FULL, _FAILED = 0, 1, 2
-"""How a save ended on a rank; the ranks agree on the worst (a maximum)."""
+_OK, _FAILED, _DISK_FULL = 0, 1, 2
+"""How a save ended on a rank; the ranks agree on the maximum (a full disk explains the other failures)."""
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -190,7 +190,7 @@ class Checkpointer:
                 self._complete(in_flight)
             except OSError as failed:
                 error = failed
-        outcome = self._agree(_OK if error is None else _DISK_FULL if _disk_full(error) else _FAILED)
+        outcome = self._agree(_OK if error is None else _DISK_FULL if self._disk_full(error, in_flight) else _FAILED)
         if outcome == _OK:
             self._after_complete(in_flight)
             return
@@ -226,6 +226,17 @@ class Checkpointer:
         worst = torch.tensor([outcome])
         dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=self.group)
         return int(worst.item())
+
+    def _disk_full(self, error: BaseException, in_flight: _InFlight) -> bool:
+        """ENOSPC or EDQUOT somewhere in the failure, or a failed write on a device without room for this rank's
+        share (torch's zip writer reports a short write as a RuntimeError, without the errno)."""
+        if _disk_full(error):
+            return True
+        folder = in_flight.folder if in_flight.folder.exists() else in_flight.folder.parent
+        try:
+            return shutil.disk_usage(folder).free < self._writer.planned_bytes
+        except OSError:
+            return False
 
     def _disk_full_message(self, in_flight: _InFlight) -> str:
         needed = torch.tensor([self._writer.planned_bytes], dtype=torch.int64)
