@@ -28,17 +28,22 @@ Timing: several warmup steps of each side, then ``--rounds`` rounds; in each rou
 ``--steps-per-round`` optimizer steps over the same global batches (alternating which side goes first), timed
 between barriers on rank 0. tokens/s = tokens of the global batch / median step time. With ``--profile``, one
 more step of each side runs under the PyTorch profiler and rank 0 prints the top operators by self CPU time.
+With ``--breakdown``, each side's timed steps also record the wall time of their phases on rank 0 (forward,
+backward, and the update's parts: the trainer's own collectives, clipping with the gradient norm, the
+optimizer; xtrain's through the span hooks ``train_step`` offers a collector, transformers' around its calls),
+reported per step as ``breakdown_ms``: where the step goes beyond the model's forward and backward.
 
 Ends with one JSON line: speedup_vs_hf (xtrain tokens/s over transformers tokens/s, medians), each side's tokens/s
 and the spread of its rounds' step times (min-max), then the configuration.
 
 Usage: python tools/bench/train_step.py [--nproc 2] [--pack-tokens 2048] [--packs-per-rank 1] [--rounds 7]
-                                        [--docs packed|single] [--device cpu] [--profile]
+                                        [--docs packed|single] [--device cpu] [--profile] [--breakdown]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -48,6 +53,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +78,32 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps-per-round", type=int, default=2)
     parser.add_argument("--profile", action="store_true", help="print the top operators of one step of each side")
+    parser.add_argument("--breakdown", action="store_true", help="wall time per phase of the timed steps (rank 0)")
     return parser.parse_args()
+
+
+class PhaseTimes:
+    """Wall time per phase, summed: what ``train_step`` calls on a collector (``span``, ``collective``), and
+    ``phase`` for transformers' side. Only while ``enabled``."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+        self.enabled = False
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.enabled:
+                self.ms[name] = self.ms.get(name, 0.0) + (time.perf_counter() - start) * 1e3
+
+    def span(self, name: str, category: object) -> contextlib.AbstractContextManager[None]:
+        return self.phase(name)
+
+    def collective(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return self.phase(f"collective: {name}")
 
 
 def document_lengths(pack_tokens: int, mean_doc: int, generator: torch.Generator) -> list[int]:
@@ -154,6 +185,7 @@ class XtrainSide:
             max_grad_norm=MAX_GRAD_NORM,
         )
         self.device, self.world = device, world
+        self.phases = PhaseTimes()
 
     def step(self, mine: list[dict[str, Any]], target_tokens: int, routed_tokens: int) -> float:
         """One optimizer step over this rank's packs; returns the global cross-entropy."""
@@ -175,6 +207,7 @@ class XtrainSide:
             GlobalBatch(target_tokens=target_tokens, routed_tokens=routed_tokens),
             self.settings,
             dp_size=self.world,
+            collector=self.phases,  # type: ignore[arg-type]  # duck-typed: span() and collective() only
         )
         return result.loss
 
@@ -213,6 +246,7 @@ class HFSide:
         )
         self.model, self.device, self.world = model, device, world
         self.experts_implementation = model.config._experts_implementation
+        self.phases = PhaseTimes()
 
     def step(self, mine: list[dict[str, Any]], target_tokens: int, routed_tokens: int) -> float:
         ce_share = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -222,19 +256,24 @@ class HFSide:
             positions = torch.cat([torch.arange(n) for n in pack["lengths"]]).to(self.device).unsqueeze(0)
             # shift_labels: the labels are already aligned (and -100 at document ends), as xtrain's are;
             # num_items_in_batch: the global target count, so the loss is the global mean as on xtrain's side.
-            out = self.model(
-                input_ids=ids,
-                position_ids=positions,
-                labels=labels,
-                shift_labels=labels,
-                num_items_in_batch=target_tokens,
-            )
-            (out.loss * self.world).backward()  # FSDP averages gradients over the ranks
+            with self.phases.phase("forward"):
+                out = self.model(
+                    input_ids=ids,
+                    position_ids=positions,
+                    labels=labels,
+                    shift_labels=labels,
+                    num_items_in_batch=target_tokens,
+                )
+            with self.phases.phase("backward"):
+                (out.loss * self.world).backward()  # FSDP averages gradients over the ranks
             ce_share += (out.loss - AUX_LOSS_COEF * out.aux_loss).detach().double()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), MAX_GRAD_NORM)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        torch.distributed.all_reduce(ce_share)
+        with self.phases.phase("optimizer"):
+            with self.phases.phase("collective: clip_grad_norm_"):
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), MAX_GRAD_NORM)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            with self.phases.phase("collective: all_reduce losses"):
+                torch.distributed.all_reduce(ce_share)
         return float(ce_share)
 
 
@@ -273,6 +312,8 @@ def rank_main(  # noqa: PLR0917 (torch.multiprocessing passes these positionally
             for batch in batches:
                 run(side, batch)
     times: dict[str, list[float]] = {side.name: [] for side in sides}
+    for side in sides:
+        side.phases.enabled = args.breakdown
     for round_index in range(args.rounds):
         for side in sides if round_index % 2 == 0 else sides[::-1]:
             synchronize(ctx.device)
@@ -285,6 +326,10 @@ def rank_main(  # noqa: PLR0917 (torch.multiprocessing passes these positionally
             times[side.name].append((time.perf_counter() - start) / len(batches))
         if rank == 0:
             print(f"round {round_index}: " + ", ".join(f"{k} {v[-1]:.3f} s/step" for k, v in times.items()), flush=True)
+    timed_steps = args.rounds * len(batches)
+    breakdown = {side.name: {k: round(v / timed_steps, 2) for k, v in side.phases.ms.items()} for side in sides}
+    for side in sides:
+        side.phases.enabled = False
     profile = {}
     if args.profile:
         profile = {side.name: profile_step(side, lambda s=side: run(s, batches[0]), rank) for side in sides}
@@ -295,6 +340,7 @@ def rank_main(  # noqa: PLR0917 (torch.multiprocessing passes these positionally
             "experts_impl_hf": sides[1].experts_implementation,
             "attention_backend_xtrain": sides[0].model.attention_backend,
             "profile": profile,
+            "breakdown_ms": breakdown,
             "tokens_per_step": per_step * args.pack_tokens,
         }
         Path(out).write_text(json.dumps(result))
@@ -322,6 +368,7 @@ def free_port() -> int:
 
 
 def main() -> None:
+    started = time.perf_counter()
     args = parse_args()
     if args.device == "cpu":
         os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned ranks before torch starts there
@@ -359,6 +406,8 @@ def main() -> None:
         "mean_doc": args.mean_doc if args.docs == "packed" else args.pack_tokens,
         "attention_xtrain": result["attention_backend_xtrain"],
         "experts_impl_hf": result["experts_impl_hf"],
+        **({"breakdown_ms": result["breakdown_ms"]} if args.breakdown else {}),
+        "wall_s": round(time.perf_counter() - started, 1),
         "torch": torch.__version__,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
     }

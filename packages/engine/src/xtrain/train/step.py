@@ -212,12 +212,16 @@ def _update(
 ) -> StepResult:
     """Reduce the logged losses, clip, and step the optimizer unless something is not finite."""
     collective = _collectives(context.collector)
-    with collective("all_reduce losses"):
-        logged = _all_reduce_sum(acc.logged, context.stats_group)
+    # One all-reduce for the logged losses and the router probabilities (both float64 sums over the same ranks):
+    # each collective is a rendezvous of every rank, a latency paid per call whatever its few bytes.
+    with collective("all_reduce losses and router probabilities"):
+        if acc.prob_sums is None:
+            logged = _all_reduce_sum(acc.logged, context.stats_group)
+        else:
+            summed = _all_reduce_sum(torch.cat([acc.logged, acc.prob_sums.reshape(-1)]), context.stats_group)
+            logged, prob_sum_LE = summed[:2], summed[2:].view_as(acc.prob_sums)
     aux = logged.new_zeros(())
     if acc.counts is not None and acc.prob_sums is not None:
-        with collective("all_reduce router probabilities"):
-            prob_sum_LE = _all_reduce_sum(acc.prob_sums, context.stats_group)
         aux = _exact_balance_loss(acc.counts, prob_sum_LE, context.global_batch.routed_tokens)
     with collective("all_reduce gradient norm"):
         grad_norm = clip_grad_norm(list(model.parameters()), context.settings.max_grad_norm)
