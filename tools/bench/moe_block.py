@@ -33,7 +33,7 @@ the default before the automatic choice), `wall_s`, and `runs`, the figures of e
 Targets: speedup_vs_hf_best >= 1.5 (Qwen3 shape) / >= 1.3 (`--family deepseek-v3`) at mem_ratio_vs_hf_best <= 1,
 fraction_of_matmul_peak >= 0.7.
 
-Usage: python tools/bench/moe_block.py [--family qwen3|deepseek-v3] [--dtypes float32,bfloat16] [--rounds 4]
+Usage: python tools/bench/moe_block.py [--family qwen3|deepseek-v3] [--dtypes float32,bfloat16] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -382,7 +382,7 @@ def main() -> None:
         help="deepseek-v3: its block (group-limited sigmoid routing, a shared expert); try --experts 256",
     )  # fmt: skip
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--rounds", type=int, default=4, help="timed rounds (best is kept)")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds (best kept; spread: min-max)")
     parser.add_argument("--impls", default=",".join(IMPLS), help="subset of " + ",".join(IMPLS))
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--mem-cap-gib", type=float, default=None, help="address-space cap of each check process")
