@@ -33,8 +33,9 @@ backward, and the update's parts: the trainer's own collectives, clipping with t
 optimizer; xtrain's through the span hooks ``train_step`` offers a collector, transformers' around its calls),
 reported per step as ``breakdown_ms``: where the step goes beyond the model's forward and backward.
 
-Ends with one JSON line: speedup_vs_hf (xtrain tokens/s over transformers tokens/s, medians), each side's tokens/s
-and the spread of its rounds' step times (min-max), then the configuration.
+Ends with one JSON line: speedup_vs_hf (xtrain tokens/s over transformers tokens/s, medians), its spread
+(speedup_per_round_min_max: each round's ratio, min and max), each side's tokens/s and the spread of its rounds'
+step times (min-max), then the configuration and the run's wall time.
 
 Usage: python tools/bench/train_step.py [--nproc 2] [--pack-tokens 2048] [--packs-per-rank 1] [--rounds 7]
                                         [--docs packed|single] [--device cpu] [--profile] [--breakdown]
@@ -385,12 +386,15 @@ def main() -> None:
     median = {name: statistics.median(t) for name, t in result["times"].items()}
     tokens_per_s = {name: result["tokens_per_step"] / m for name, m in median.items()}
     ce = result["first_ce"]
+    per_round = [h / x for h, x in zip(result["times"]["hf"], result["times"]["xtrain"], strict=True)]
     figures = {
         "speedup_vs_hf": round(tokens_per_s["xtrain"] / tokens_per_s["hf"], 3),
         "xtrain_tokens_per_s": round(tokens_per_s["xtrain"], 1),
         "hf_tokens_per_s": round(tokens_per_s["hf"], 1),
         "xtrain_step_s": round(median["xtrain"], 4),
         "hf_step_s": round(median["hf"], 4),
+        # The spread: each round's ratio (the two sides timed back to back in that round).
+        "speedup_per_round_min_max": [round(min(per_round), 3), round(max(per_round), 3)],
         "xtrain_step_s_min_max": [round(min(result["times"]["xtrain"]), 4), round(max(result["times"]["xtrain"]), 4)],
         "hf_step_s_min_max": [round(min(result["times"]["hf"]), 4), round(max(result["times"]["hf"]), 4)],
         "first_step_ce": [ce["xtrain"], ce["hf"]],
