@@ -105,7 +105,17 @@ def test_a_resumed_run_keeps_the_schedule_and_the_values(evaluated_run: Path, tm
 
 
 def test_eval_bad_input_is_one_message(evaluated_run: Path, tmp_path: Path) -> None:
-    no_eval = xtrain("eval", DEBUG_CONFIG, "--checkpoint", evaluated_run, "--set", "eval.sources=[]", cwd=tmp_path)
+    no_eval = xtrain(
+        "eval",
+        DEBUG_CONFIG,
+        "--checkpoint",
+        evaluated_run,
+        "--set",
+        "eval.sources=[]",
+        "--set",
+        "eval.sample_prompts=[]",
+        cwd=tmp_path,
+    )
     assert_user_error(no_eval, "eval.sources is empty")
     missing = xtrain("eval", DEBUG_CONFIG, "--checkpoint", tmp_path / "nothing", cwd=tmp_path)
     assert_user_error(missing, "does not exist")

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -158,7 +159,9 @@ def _wait_passing_on_stops(agent: subprocess.Popen[bytes]) -> tuple[int, int | N
         if agent.poll() is None:
             agent.send_signal(signal.SIGTERM)
 
-    previous = {signum: signal.signal(signum, pass_on) for signum in (signal.SIGTERM, signal.SIGINT)}
+    in_main_thread = threading.current_thread() is threading.main_thread()  # where Python lets handlers be set
+    stop_signals = (signal.SIGTERM, signal.SIGINT) if in_main_thread else ()
+    previous = {signum: signal.signal(signum, pass_on) for signum in stop_signals}
     try:
         while True:
             try:
