@@ -89,7 +89,7 @@ def _norm_bytes(width: int, rows: int, dt: int, *, output_saved: bool) -> int:
 
 
 def layer_activation_bytes_per_token(
-    model: ModelConfig, layer: int, dt: int, *, attention_output_copy: bool = True
+    model: ModelConfig, layer: int, dt: int, *, attention_output_copy: bool = True, fused_experts: bool = False
 ) -> int:
     """Bytes per token a layer's forward saves for its backward when it is not checkpointed (see docs/plan.md):
 
@@ -101,7 +101,9 @@ def layer_activation_bytes_per_token(
       (4·I in dt); an MoE block's router (fp32 logits and probabilities, top-k values, indices and their sum,
       log-sum-exp: 8E + 12K + 8 B), the permutation's three int64 index vectors of S rows and the rows' routing
       weights (dt), the dispatched rows [S, D], the experts' gate-up output [S, 2F] and activation [S, F] (dt), and
-      the shared experts' MLP (4·F_shared in dt).
+      the shared experts' MLP (4·F_shared in dt). On the fused CPU path (``fused_experts``, see
+      :func:`fused_experts_path`) the experts save only the gate-up output [S, 2F] with the rows' routing weights
+      and two int64 index vectors of S rows: the dispatched rows and the activation are recomputed in backward.
 
     Counted against what autograd saves in a forward of the ``debug`` and ``cpu-moe`` models in fp32 and bf16
     (exact to the byte per token)."""
@@ -122,8 +124,8 @@ def layer_activation_bytes_per_token(
     if moe is not None and model.is_moe_layer(layer):
         k, f, e = moe.num_experts_per_tok, moe.moe_intermediate_size, moe.num_experts
         router = FP32 * 2 * e + (FP32 + INDEX) * k + 2 * FP32
-        permutation = 3 * INDEX * k + dt * k
-        experts = dt * k * (d + 3 * f)
+        permutation = (2 if fused_experts else 3) * INDEX * k + dt * k
+        experts = dt * k * (2 * f if fused_experts else d + 3 * f)
         shared = dt * 4 * moe.shared_intermediate_size
         mlp = router + permutation + experts + shared
     else:
@@ -135,7 +137,10 @@ def backward_working_bytes_per_token(model: ModelConfig, layer: int, dt: int) ->
     """Bytes per token a layer's backward holds on top of its saved activations when it starts (its MLP's
     backward): the gradient flowing down [T, D], and for an MoE block the SwiGLU's backward (the gate-up
     gradient [S, 2F] and four [S, F] temporaries) with the down projection's input gradient and its copy
-    (2·[S, F]); for a dense MLP the same with I for K·F."""
+    (2·[S, F]); for a dense MLP the same with I for K·F. The fused CPU path's backward holds as much within 15 %
+    (it works an expert's rows at a time but sums the input gradient in fp32 [T, D] and recomputes the gate-up
+    rows per expert; measured on one MoE layer of ``debug`` and ``cpu-moe``: 4,054 and 11,792 B per token against
+    the grouped path's 3,592 and 11,280), so one formula serves both."""
     moe = model.moe
     width = moe.num_experts_per_tok * moe.moe_intermediate_size if moe and model.is_moe_layer(layer) else None
     if width is None:
@@ -159,10 +164,11 @@ def plan_memory(
     takes the per-document SDPA path; None: the CPU when ``headroom`` is 0 (the one device planned without
     allocator headroom, see xtrain.plan.devices), a GPU otherwise."""
     on_cpu = device_type == "cpu" if device_type is not None else headroom == 0
+    fused = fused_experts_path(config, model, layout, on_cpu=on_cpu)
     shard = sum(group.shard_numel for group in groups)
     micro = max(1, config.train.global_batch // layout.world_size)
     reduced = shard if micro > 1 else sum(g.shard_numel for g in groups if g.kind == "head")
-    saved, host = _saved_activations(config, model, layout, dt, pack_tokens, on_cpu=on_cpu)
+    saved, host = _saved_activations(config, model, layout, dt, pack_tokens, on_cpu=on_cpu, fused=fused)
     state = {"parameters": MASTER_BYTES * shard, "optimizer": ADAM_BYTES * shard}
     zero = {"fsdp_buffers": 0, "activations": 0, "loss": 0, "all_to_all": 0}
 
@@ -195,7 +201,7 @@ def plan_memory(
         **backward_moment,
         "fsdp_buffers": backward_moment["fsdp_buffers"] + (dt + FP32) * last_gathered,
         "activations": saved
-        - _last_layer_saved(config, model, dt, pack_tokens, on_cpu=on_cpu)
+        - _last_layer_saved(config, model, dt, pack_tokens, on_cpu=on_cpu, fused=fused)
         + dt * pack_tokens * model.hidden_size,
         "all_to_all": 0,
     }
@@ -213,18 +219,31 @@ def plan_memory(
     return MemoryPlan(parts, 0 if on_cpu else host, tensor_peak + parts["headroom"], tensor_peak, moment)
 
 
+def fused_experts_path(config: TrainConfig, model: ModelConfig, layout: ParallelLayout, *, on_cpu: bool) -> bool:
+    """Whether the MoE blocks take the fused CPU path, as ``xtrain.model.moe.experts.choose_experts_path`` decides
+    it at run time: ``experts_impl`` auto or cpu_fused, on the CPU, in eager mode (no ``parallel.compile``), whole
+    experts (no expert parallelism) without biases (not GPT-OSS's)."""
+    moe = model.moe
+    if moe is None or config.model.experts_impl not in ("auto", "cpu_fused"):
+        return False
+    biased = moe.expert_bias or moe.expert_activation != "swiglu"
+    return on_cpu and not config.parallel.compile and not layout.expert_parallel and not biased
+
+
 def _last_layer_gathered(groups: list[FsdpGroup]) -> int:
     last = max((g.layer for g in groups if g.layer is not None), default=None)
     return sum(g.gathered_numel for g in groups if g.layer is not None and g.layer == last)
 
 
-def _last_layer_saved(config: TrainConfig, model: ModelConfig, dt: int, tokens: int, *, on_cpu: bool) -> int:
+def _last_layer_saved(
+    config: TrainConfig, model: ModelConfig, dt: int, tokens: int, *, on_cpu: bool, fused: bool
+) -> int:
     """What the last layer's forward saved (freed by the end of its backward)."""
     last = model.num_layers - 1
     if last in set(checkpointed_layers(config.memory.checkpointing, model.num_layers)):
         return tokens * model.hidden_size * dt
     copy = on_cpu or dt == 4
-    return tokens * layer_activation_bytes_per_token(model, last, dt, attention_output_copy=copy)
+    return tokens * layer_activation_bytes_per_token(model, last, dt, attention_output_copy=copy, fused_experts=fused)
 
 
 def _fsdp_buffers(groups: list[FsdpGroup], dt: int, *, prefetch: bool, backward: bool) -> int:
@@ -249,7 +268,14 @@ def _fsdp_buffers(groups: list[FsdpGroup], dt: int, *, prefetch: bool, backward:
 
 
 def _saved_activations(
-    config: TrainConfig, model: ModelConfig, layout: ParallelLayout, dt: int, tokens: int, *, on_cpu: bool
+    config: TrainConfig,
+    model: ModelConfig,
+    layout: ParallelLayout,
+    dt: int,
+    tokens: int,
+    *,
+    on_cpu: bool,
+    fused: bool,
 ) -> tuple[int, int]:
     """(device bytes, host bytes) of what forward keeps for backward, at the end of the forward."""
     layers = model.num_layers
@@ -265,7 +291,7 @@ def _saved_activations(
     moe_checkpointed = sum(1 for i in checkpointed if model.is_moe_layer(i))
     kept_routing = moe_checkpointed * tokens * (routing + tape_rows * model.hidden_size * dt)
     full = sum(
-        tokens * layer_activation_bytes_per_token(model, i, dt, attention_output_copy=copy)
+        tokens * layer_activation_bytes_per_token(model, i, dt, attention_output_copy=copy, fused_experts=fused)
         for i in range(layers)
         if i not in checkpointed
     )
@@ -288,6 +314,9 @@ def _last_layer_bytes(config: TrainConfig, model: ModelConfig, dt: int, tokens: 
     copy = on_cpu or dt == 4
     recompute = 0
     if last in set(checkpointed_layers(config.memory.checkpointing, model.num_layers)):
+        # Measured (trace.memory, debug and cpu-moe with full checkpointing on 2k-token packs): when the fused CPU
+        # path recomputes the last layer and starts its backward, the step holds as much as the grouped path's
+        # saved set, not the fused path's smaller one (planned with the fused set, the peak came out 7-9 % low).
         recompute = tokens * layer_activation_bytes_per_token(model, last, dt, attention_output_copy=copy)
     return recompute + tokens * backward_working_bytes_per_token(model, last, dt)
 
