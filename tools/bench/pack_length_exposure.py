@@ -69,7 +69,7 @@ def _overrides(world: int, pack: int, steps: int, ep: int = 1, domino: int = 1) 
     profiled = list(range(2, steps + 1))
     return (f"data.pack_tokens={pack}", f"train.global_batch={world}", f"train.max_steps={steps}",
             f"trace.profile_steps={profiled}", f"parallel.ep_size={ep}",
-            f"parallel.domino_slices={domino}")  # fmt: skip
+            f"parallel.domino_slices={domino}", "eval.sources=[]", "eval.sample_prompts=[]")  # fmt: skip
 
 
 def plans(world: int, args: argparse.Namespace) -> list[tuple[str, tuple[str, ...]]]:
@@ -122,7 +122,7 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, out: s
             config = load_and_check(CONFIG, overrides)
             counter.received = counter.calls = 0
             started = time.perf_counter()
-            _train(config, Path(out) / name, dist_ctx, "none")
+            _train(config, Path(out) / name, dist_ctx, "none", f"pack-length-exposure-{name}")
             figures = {"received_bytes": counter.received, "calls": counter.calls, "steps": args.steps,
                        "train_s": time.perf_counter() - started}  # fmt: skip
             Path(out, name, f"gathered-rank-{rank}.json").write_text(json.dumps(figures))
