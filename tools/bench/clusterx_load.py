@@ -2,10 +2,14 @@
 in the database, and one scheduling pass over 10,000 queued jobs. All on SQLite files in a temporary folder.
 
     .venv/bin/python tools/bench/clusterx_load.py [--jobs 100000] [--queued 10000] [--submits 300] [--only sched]
+        [--busy 2] [--passes 10]
 
-Targets: submit p50 <= 20 ms, CLI submit <= 250 ms, list <= 50 ms, scheduling pass <= 100 ms (each case). The
-machine may be shared: the baseline lines (an empty interpreter, `clusterx --help`) are measured in the same run so
-that the CLI figure can be read as a ratio. The last line is one JSON object of the figures.
+Targets: submit p50 <= 20 ms, CLI submit <= 250 ms, list <= 50 ms, scheduling pass <= 100 ms wall (each case,
+with the machine loaded: the scheduling part starts `--busy` processes that spin on a core each beside it, and
+stops them after). Each case's figure is the median of `--passes` passes (after one warm-up), with the passes'
+min and max as its spread. The machine may be shared: the baseline lines (an empty interpreter, `clusterx --help`)
+are measured in the same run so that the CLI figure can be read as a ratio. A default run takes 2-4 minutes on the
+2-core development VM. The last line is one JSON object of the figures.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +140,20 @@ def bench_list(folder: Path, jobs: int) -> float:
     return statistics.median(times[1:])
 
 
-def bench_sched_pass(folder: Path, queued: int) -> dict[str, float]:
+@contextlib.contextmanager
+def busy_processes(count: int) -> Iterator[None]:
+    """`count` processes that each keep one core busy for as long as the block runs."""
+    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        time.sleep(0.5 if count else 0)  # let them reach their loop
+        yield
+    finally:
+        for process in spinning:
+            process.kill()
+            process.wait()
+
+
+def bench_sched_pass(folder: Path, queued: int, passes: int = 10) -> dict[str, float]:
     """One pass as the daemon runs it: read the queue in order, choose what starts (EASY backfill), without
     starting processes. Three cases:
     - this machine's capacity, nothing running: the pass stops once no core is left;
@@ -149,18 +167,20 @@ def bench_sched_pass(folder: Path, queued: int) -> dict[str, float]:
     rows[0].update(priority=100, gpus=1)  # the head of the third case
     insert_bulk(client, rows)
 
-    def timed(capacity: Capacity, running: list[RunningJob], expect_reservation: bool) -> tuple[float, float]:
-        """Median wall and CPU milliseconds of 10 passes (after one warm-up). CPU time is what other processes on a
-        loaded machine disturb least."""
+    def timed(capacity: Capacity, running: list[RunningJob], expect_reservation: bool) -> dict[str, float]:
+        """Wall milliseconds of `passes` passes (after one warm-up): median, min, max; and the median CPU time,
+        which other processes on a loaded machine disturb least."""
         walls, cpus = [], []
-        for _ in range(11):
+        for _ in range(passes + 1):
             start, start_cpu = time.perf_counter(), time.process_time()
             with contextlib.closing(client.store.queued("local", host)) as queue:
                 chosen, reservation = choose_jobs(queue, capacity, running, time.time())
             walls.append((time.perf_counter() - start) * 1000)
             cpus.append((time.process_time() - start_cpu) * 1000)
             assert chosen and (reservation is not None) == expect_reservation
-        return statistics.median(walls[1:]), statistics.median(cpus[1:])
+        walls = walls[1:]
+        return {"": statistics.median(walls), "_min": min(walls), "_max": max(walls),
+                "_cpu": statistics.median(cpus[1:])}  # fmt: skip
 
     def raw_read() -> float:
         """The floor: the same rows through the sqlite3 module alone (no SQLAlchemy, no scheduling)."""
@@ -185,9 +205,14 @@ def bench_sched_pass(folder: Path, queued: int) -> dict[str, float]:
         ("whole_queue", unbounded, [], False),
         ("backfill", Capacity(10**9, 10**12, 0), gpu_holders, True),
     ):
-        figures[case], figures[f"{case}_cpu"] = timed(capacity, running, expect_reservation=reserves)
+        for suffix, value in timed(capacity, running, expect_reservation=reserves).items():
+            figures[case + suffix] = value
     figures["raw_read"] = raw_read()
     return figures
+
+
+def _spread(figures: dict[str, float], case: str) -> str:
+    return f"{figures[case]:.1f} ms ({figures[case + '_min']:.1f}-{figures[case + '_max']:.1f})"
 
 
 def main() -> None:
@@ -197,7 +222,10 @@ def main() -> None:
     parser.add_argument("--submits", type=int, default=300, help="submissions timed through the Python API")
     parser.add_argument("--cli-runs", type=int, default=10, help="timed runs of each command")
     parser.add_argument("--only", choices=["submit", "cli", "list", "sched"], help="run one part")
+    parser.add_argument("--busy", type=int, default=2, help="processes spinning beside the scheduling part")
+    parser.add_argument("--passes", type=int, default=10, help="timed passes per scheduling case")
     args = parser.parse_args()
+    wall_began = time.perf_counter()
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="clusterx-bench-") as tmp:
         folder = Path(tmp)
@@ -221,23 +249,28 @@ def main() -> None:
             print(f"list newest 50 of {args.jobs} jobs: {list_ms:.1f} ms")
             figures["list_ms"] = round(list_ms, 2)
         if args.only in (None, "sched"):
-            sched = bench_sched_pass(folder, args.queued)
+            with busy_processes(args.busy):
+                sched = bench_sched_pass(folder, args.queued, args.passes)
+                load = os.getloadavg()[0]
             print(
-                f"scheduling pass over {args.queued} queued jobs: {sched['machine']:.1f} ms with this machine's "
-                f"capacity, {sched['whole_queue']:.1f} ms when every job fits (the whole queue read), "
-                f"{sched['backfill']:.1f} ms backfilling every job around a reservation; reading the rows with "
+                f"scheduling pass over {args.queued} queued jobs, {args.busy} busy processes beside it (median, "
+                f"min-max of {args.passes} passes): {_spread(sched, 'machine')} with this machine's capacity, "
+                f"{_spread(sched, 'whole_queue')} when every job fits (the whole queue read), "
+                f"{_spread(sched, 'backfill')} backfilling every job around a reservation; reading the rows with "
                 f"sqlite3 alone: {sched['raw_read']:.1f} ms"
             )
-            figures.update(
-                sched_pass_ms=round(sched["machine"], 2),
-                sched_pass_whole_queue_ms=round(sched["whole_queue"], 2),
-                sched_pass_backfill_ms=round(sched["backfill"], 2),
-                sched_pass_cpu_ms=round(sched["machine_cpu"], 2),
-                sched_pass_whole_queue_cpu_ms=round(sched["whole_queue_cpu"], 2),
-                sched_pass_backfill_cpu_ms=round(sched["backfill_cpu"], 2),
-                sched_raw_read_ms=round(sched["raw_read"], 2),
-            )
+            for case, name in (("machine", "sched_pass"), ("whole_queue", "sched_pass_whole_queue"),
+                               ("backfill", "sched_pass_backfill")):  # fmt: skip
+                figures.update({
+                    f"{name}_ms": round(sched[case], 2),
+                    f"{name}_min_ms": round(sched[f"{case}_min"], 2),
+                    f"{name}_max_ms": round(sched[f"{case}_max"], 2),
+                    f"{name}_cpu_ms": round(sched[f"{case}_cpu"], 2),
+                })  # fmt: skip
+            figures.update(sched_raw_read_ms=round(sched["raw_read"], 2), busy_processes=args.busy,
+                           load_avg_1m_during_sched=round(load, 2))  # fmt: skip
     figures["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    figures["wall_s"] = round(time.perf_counter() - wall_began, 1)
     print(json.dumps(figures))
 
 
