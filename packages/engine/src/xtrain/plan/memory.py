@@ -30,7 +30,8 @@ The parts are those of the moment that peaks (the others are zero there), so ``t
   temporary (the square root of the second moments, 4 B per element: the CPU's foreach AdamW; the fused kernel
   on CUDA has none);
 - ``fsdp_buffers``: unsharded parameters in dt: the head (never resharded after forward) and, at the ``backward``
-  moment, the last layer (never resharded) and, with prefetch, the layer below it (gathered ahead); at the
+  moment, the last layer (never resharded) and, with prefetch, the layer below it (gathered ahead, except the
+  groups sharded over one rank: FSDP2 gathers nothing for them and allocates them when they run); at the
   ``loss`` moment the last layer; the groups kept unsharded by ``reshard_after_forward = false`` throughout;
 - ``activations``: what forward saved for backward: for a layer that is not checkpointed its full set
   (:func:`layer_activation_bytes_per_token`, counted tensor by tensor from what autograd saves), for a
@@ -261,7 +262,9 @@ def _fsdp_buffers(groups: list[FsdpGroup], dt: int, *, prefetch: bool, backward:
     )
     below = 0
     if backward and prefetch and last_index is not None:
-        below = per_layer.get(last_index - 1, 0)
+        # A group sharded over one rank is not gathered ahead: FSDP2 then skips the all-gather and allocates the
+        # unsharded parameters only when the layer runs (torch's FSDPParamGroup.unshard / wait_for_unshard).
+        below = sum(g.gathered_numel for g in groups if g.layer == last_index - 1 and g.ranks > 1)
         if not all(g.reshard_after_forward for g in groups if g.layer == last_index - 1):
             below = 0  # still gathered from the forward: counted in unresharded
     return dt * (kept + last + below + unresharded)
