@@ -9,12 +9,15 @@ process tree (polled every 100 ms, as tools/bench/deeptrace_scale.py does) of
   deeptrace diff A B --json --step all      (the straggler must be the rank whose exposed communication fell most:
                                              the others now wait for it, it waits for nobody)
 
-and, to show that memory stays bounded as the rank count grows, the same analyze at `--small` ranks.
+and, to show that memory stays bounded as the rank count grows, the same analyze at `--small` ranks. Analyze and
+diff run `--repeats` times each (default 3): their figures are the medians, with the runs' wall-time min and max
+as the spread (`*_wall_s_min_max`) and the largest peak RSS.
 
 Last line, JSON: {"ranks": .., "analyze_wall_s": .., "analyze_peak_rss_mib": .., "diff_wall_s": .., ...,
 "straggler_named": true}.
 
 Usage: python tools/bench/deeptrace_ranks.py [--ranks 1024] [--small 128] [--straggler 737] [--seed 0] [--jobs N]
+       [--repeats 3]
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -51,6 +55,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--slow", type=float, default=1.3)
     parser.add_argument("--jobs", type=int, default=None, help="deeptrace's worker processes (default: its own)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of analyze and of diff (medians and spread)")
     args = parser.parse_args()
     straggler = args.straggler if args.straggler is not None else 737 * args.ranks // 1024
     jobs = [] if args.jobs is None else ["-j", str(args.jobs)]
@@ -63,12 +68,17 @@ def main() -> None:
         size = sum(p.stat().st_size for p in (work / "b" / "trace").iterdir())
         print(f"generated 2 × {args.ranks} ranks, {spans // args.ranks} spans each, {size / 1e6:.0f} MB per run, "
               f"in {generate_s:.0f} s", file=sys.stderr)  # fmt: skip
-        a_wall, a_cpu, a_rss, report = _analyze(work / "b", work / "out-b", jobs)
+        analyses = [_analyze(work / "b", work / "out-b", jobs) for _ in range(args.repeats)]
+        a_walls = [run[0] for run in analyses]
+        a_wall, a_cpu = statistics.median(a_walls), statistics.median(run[1] for run in analyses)
+        a_rss, report = max(run[2] for run in analyses), analyses[-1][3]
         culprits = [c["rank"] for c in report["stragglers"]["culprits"]]
         print(f"analyze: {a_wall:.1f} s, peak RSS {a_rss / 2**20:.0f} MiB, culprits {culprits}", file=sys.stderr)
-        d_wall, d_cpu, d_rss, printed = measure([DEEPTRACE, "diff", str(work / "a"), str(work / "b"), "--json",
-                                                 "--step", "all", *jobs], work)  # fmt: skip
-        diff = json.loads(printed)
+        diffs = [measure([DEEPTRACE, "diff", str(work / "a"), str(work / "b"), "--json", "--step", "all", *jobs],
+                         work) for _ in range(args.repeats)]  # fmt: skip
+        d_walls = [run[0] for run in diffs]
+        d_wall, d_cpu = statistics.median(d_walls), statistics.median(run[1] for run in diffs)
+        d_rss, diff = max(run[2] for run in diffs), json.loads(diffs[-1][3])
         fell_most = min(diff["ranks"], key=lambda r: r["delta_exposed_us"])["rank"]
         print(f"diff: {d_wall:.1f} s, peak RSS {d_rss / 2**20:.0f} MiB, exposed fell most on rank {fell_most}",
               file=sys.stderr)  # fmt: skip
@@ -81,13 +91,16 @@ def main() -> None:
             "diff_rank_exposed_fell_most": fell_most,
             "straggler_named": culprits == [straggler] and fell_most == straggler,
             "analyze_wall_s": round(a_wall, 2),
+            "analyze_wall_s_min_max": [round(min(a_walls), 2), round(max(a_walls), 2)],
             "analyze_cpu_s": round(a_cpu, 2),
             "analyze_peak_rss_mib": round(a_rss / 2**20),
             "diff_wall_s": round(d_wall, 2),
+            "diff_wall_s_min_max": [round(min(d_walls), 2), round(max(d_walls), 2)],
             "diff_cpu_s": round(d_cpu, 2),
             "diff_peak_rss_mib": round(d_rss / 2**20),
             "diff_ranks_rows": len(diff["ranks"]),
             "generate_s": round(generate_s, 1),
+            "repeats": args.repeats,
         }
         if args.small:
             small = work / "small"

@@ -12,9 +12,12 @@ fresh subprocess, it runs
 and measures wall time, CPU time and peak RSS of the whole process tree (the process and every child, summed, polled
 every 100 ms with psutil). The per-rank overlap of both is compared too.
 
+`--rounds` rounds (default 2), each running deeptrace then HTA: the figures are the medians, the spread each
+round's own speedup (`speedup_vs_hta_min_max`) and deeptrace's wall times' min and max.
+
 Last line, JSON: {"speedup_vs_hta": .., "rss_ratio_vs_hta": .., ...}. Targets: speedup >= 5, RSS ratio <= 0.25.
 
-Usage: python tools/bench/deeptrace_scale.py [--ranks 8] [--mb-per-rank 200] [--skip-hta]
+Usage: python tools/bench/deeptrace_scale.py [--ranks 8] [--mb-per-rank 200] [--skip-hta] [--rounds 2]
 Memory: HTA holds whole traces in memory (several GB per 200 MB trace); try small sizes first and watch `free -g`.
 """
 
@@ -28,6 +31,7 @@ import platform
 import random
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -185,6 +189,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--mb-per-rank", type=float, default=200.0)
     parser.add_argument("--skip-hta", action="store_true", help="only deeptrace (when memory is short)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, each running deeptrace then HTA once")
     parser.add_argument("--keep", type=Path, default=None, help="generate into this folder and keep it")
     args = parser.parse_args()
 
@@ -200,24 +205,41 @@ def main() -> None:
               file=sys.stderr)  # fmt: skip
         deeptrace = [str(Path(sys.executable).parent / "deeptrace"), "analyze", str(traces), "--json", "--no-png",
                      "--output", str(work / "out")]  # fmt: skip
-        dt_wall, dt_cpu, dt_rss, dt_out = measure(deeptrace, work)
-        ours = {int(r): v["overlap_pct"] for r, v in json.loads(dt_out)["ranks"].items()}
-        print(f"deeptrace: {dt_wall:.1f} s, peak RSS {dt_rss / 2**20:.0f} MiB", file=sys.stderr)
+        hta = [sys.executable, "-c", HTA_SCRIPT, str(traces)]
+        ours_runs, theirs_runs = [], []
+        for round_index in range(args.rounds):  # interleaved, so that a shared machine's drift hits both alike
+            ours_runs.append(measure(deeptrace, work))
+            print(f"round {round_index} deeptrace: {ours_runs[-1][0]:.1f} s, peak RSS {ours_runs[-1][2] / 2**20:.0f} "
+                  "MiB", file=sys.stderr)  # fmt: skip
+            if not args.skip_hta:
+                theirs_runs.append(measure(hta, work))
+                print(f"round {round_index} HTA: {theirs_runs[-1][0]:.1f} s, peak RSS "
+                      f"{theirs_runs[-1][2] / 2**20:.0f} MiB", file=sys.stderr)  # fmt: skip
+        dt_wall, dt_cpu = statistics.median(r[0] for r in ours_runs), statistics.median(r[1] for r in ours_runs)
+        dt_rss = max(r[2] for r in ours_runs)
+        ours = {int(r): v["overlap_pct"] for r, v in json.loads(ours_runs[-1][3])["ranks"].items()}
         result: dict[str, Any] = {
             "ranks": args.ranks,
             "mb_per_rank": round(size / 1e6 / args.ranks, 1),
             "events_per_rank": events // args.ranks,
             "deeptrace_wall_s": round(dt_wall, 2),
+            "deeptrace_wall_s_min_max": [
+                round(min(r[0] for r in ours_runs), 2),
+                round(max(r[0] for r in ours_runs), 2),
+            ],
             "deeptrace_cpu_s": round(dt_cpu, 2),
             "deeptrace_peak_rss_mib": round(dt_rss / 2**20),
+            "rounds": args.rounds,
             "cpus": os.cpu_count(),
             "machine": platform.node(),
             "date": time.strftime("%Y-%m-%d"),
         }
-        if not args.skip_hta:
-            hta_wall, hta_cpu, hta_rss, hta_out = measure([sys.executable, "-c", HTA_SCRIPT, str(traces)], work)
-            theirs = {int(r): v for r, v in json.loads(hta_out.strip().splitlines()[-1]).items()}
-            print(f"HTA: {hta_wall:.1f} s, peak RSS {hta_rss / 2**20:.0f} MiB", file=sys.stderr)
+        if theirs_runs:
+            hta_wall = statistics.median(r[0] for r in theirs_runs)
+            hta_cpu = statistics.median(r[1] for r in theirs_runs)
+            hta_rss = max(r[2] for r in theirs_runs)
+            theirs = {int(r): v for r, v in json.loads(theirs_runs[-1][3].strip().splitlines()[-1]).items()}
+            speedups = [h[0] / d[0] for h, d in zip(theirs_runs, ours_runs, strict=True)]
             result |= {
                 "hta_wall_s": round(hta_wall, 2),
                 "hta_cpu_s": round(hta_cpu, 2),
@@ -225,6 +247,7 @@ def main() -> None:
                 "hta_peak_rss_mib": round(hta_rss / 2**20),
                 "max_overlap_diff_pct": round(max(abs(ours[r] - theirs[r]) for r in theirs), 3),
                 "speedup_vs_hta": round(hta_wall / dt_wall, 2),
+                "speedup_vs_hta_min_max": [round(min(speedups), 2), round(max(speedups), 2)],
                 "rss_ratio_vs_hta": round(dt_rss / hta_rss, 3),
             }
         print(json.dumps(result))

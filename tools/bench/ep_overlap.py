@@ -16,7 +16,8 @@ What is recorded, as deeptrace spans in one run directory per schedule (``<out>/
 Exposed communication is deeptrace's: communication time during which no compute runs. Figures per schedule:
 exposed communication as a fraction of step time, and the step time; the JSON line ends it:
 {"exposed_comm_ratio_domino": .., "exposed_comm_ratio_plain": .., "step_time_ratio": <Domino / plain>, ...}.
-Targets: exposed_comm_ratio_domino < exposed_comm_ratio_plain, step_time_ratio < 1.
+Targets: exposed_comm_ratio_domino < exposed_comm_ratio_plain, step_time_ratio < 1. The spread: the same figures
+of each timed step on its own, min and max (``*_min_max``).
 
 Usage: python tools/bench/ep_overlap.py [--procs 2] [--slices 2] [--steps 6] [--tokens 4096] [--out DIR]
 """
@@ -33,6 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -165,15 +167,27 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     mp.start_processes(_rank, args=(args.procs, _free_port(), args, str(out)), nprocs=args.procs, start_method="spawn")
     step_s: dict[str, list[float]] = {"plain": [], "domino": []}
+    per_rank: dict[str, list[list[float]]] = {"plain": [], "domino": []}
     for rank in range(args.procs):
         for name, values in json.loads(Path(out, f"steps-rank-{rank}.json").read_text()).items():
             step_s[name].append(sum(values) / len(values))
+            per_rank[name].append(values)
     figures = {name: exposed_figures(out / name) for name in ("plain", "domino")}
     plain_step, domino_step = max(step_s["plain"]), max(step_s["domino"])
+    # The spread: each timed step's own figures (step time: the slowest rank's), min and max.
+    per_step = {name: [max(steps) for steps in zip(*per_rank[name], strict=True)] for name in per_rank}
+    step_ratios = [domino / plain for domino, plain in zip(per_step["domino"], per_step["plain"], strict=True)]
+
+    def spread(values: list[float]) -> list[float]:
+        return [round(min(values), 4), round(max(values), 4)] if values else []
+
     result = {
         "exposed_comm_ratio_domino": round(figures["domino"]["exposed_comm_ms"] / figures["domino"]["window_ms"], 4),
         "exposed_comm_ratio_plain": round(figures["plain"]["exposed_comm_ms"] / figures["plain"]["window_ms"], 4),
         "step_time_ratio": round(domino_step / plain_step, 4),
+        "exposed_comm_ratio_domino_min_max": spread(figures["domino"]["step_ratios"]),
+        "exposed_comm_ratio_plain_min_max": spread(figures["plain"]["step_ratios"]),
+        "step_time_ratio_min_max": spread(step_ratios),
         "step_s_plain": round(plain_step, 4),
         "step_s_domino": round(domino_step, 4),
         "comm_ms_plain": round(figures["plain"]["comm_ms"], 2),
@@ -197,20 +211,25 @@ def main() -> None:
     print(json.dumps(result))
 
 
-def exposed_figures(run_dir: Path) -> dict[str, float]:
+def exposed_figures(run_dir: Path) -> dict[str, Any]:
     """deeptrace's per-step breakdown of one run directory (``analyse_run``, what ``deeptrace analyze`` reports),
-    summed over the timed steps (those with communication) and averaged over ranks."""
+    summed over the timed steps (those with communication) and averaged over ranks; ``step_ratios``: each timed
+    step's own exposed share (exposed communication / window), for the spread."""
     from deeptrace.analysis.run import analyse_run
 
     analysis = analyse_run(run_dir, jobs=1, clock_sync=False)
     keys = ("window_ms", "comm_ms", "exposed_comm_ms", "compute_ms")
     totals = dict.fromkeys(keys, 0.0)
+    per_step: dict[int, dict[str, float]] = {}
     for result in analysis.ranks.values():
         for step in result.breakdown.steps:
             if step.comm_ms > 0:
+                one = per_step.setdefault(step.step, dict.fromkeys(keys, 0.0))
                 for key in keys:
                     totals[key] += getattr(step, key) / len(analysis.ranks)
-    return totals
+                    one[key] += getattr(step, key) / len(analysis.ranks)
+    ratios = [one["exposed_comm_ms"] / one["window_ms"] for one in per_step.values() if one["window_ms"] > 0]
+    return {**totals, "step_ratios": ratios}
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ in the ranks: output bytes × (group size − 1) / group size, what arrives from
 The ranks of one world size are started once and train every configuration in turn (torch's import and the
 process group are paid once). Run directories go to a temporary folder, deleted unless `--out` is given.
 
+The spread: `exposed_all_gather_pct_ranks_min_max` (the ranks' own shares, min and max) and `step_ms_min_max`
+(every rank's every profiled step).
+
 Last line, JSON: {"exposed_all_gather_ms_per_step": {"2": {"512": .., ...}, "4": {...}}, ..., "ep": {...}}.
 
 Usage: python tools/bench/pack_length_exposure.py [--procs 2,4] [--packs 512,1024,2048,4096,8192]
@@ -134,6 +137,7 @@ def analyse(run_dir: Path) -> dict[str, float | None]:
     """deeptrace's figures of one run: mean over ranks of the per-step means."""
     report = build_report(analyse_run(run_dir, jobs=1, warn=lambda message: print(message, file=sys.stderr)))
     per_rank: dict[str, list[float]] = {}
+    every_step: list[float] = []  # every rank's every profiled step: the step time's spread
     for _, rank in report.ranks_sorted():
         for kind in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
             figures = rank.collective_kinds.get(kind)
@@ -141,12 +145,18 @@ def analyse(run_dir: Path) -> dict[str, float | None]:
             per_rank.setdefault(f"{kind}_pct", []).append((figures.exposed_pct_of_step if figures else None) or 0.0)
         per_rank.setdefault("compute", []).append(statistics.mean(s.compute_ms for s in rank.steps))
         per_rank.setdefault("step", []).append(statistics.mean(s.window_ms for s in rank.steps))
+        every_step.extend(s.window_ms for s in rank.steps)
     gathered = [json.loads(p.read_text()) for p in sorted(run_dir.glob("gathered-rank-*.json"))]
     received_per_step = statistics.mean(g["received_bytes"] / g["steps"] for g in gathered)
     return {name: round(statistics.mean(values), 3) for name, values in per_rank.items()} | {
         "gathered_bytes_per_step": round(received_per_step),
         "gathered_bytes_per_layer": round(received_per_step / LAYERS),
         "train_s": round(max(g["train_s"] for g in gathered), 1),
+        # The spread: the ranks' own figures of the exposed all-gather share, and every profiled step's time.
+        "all_gather_pct_min": round(min(per_rank["all_gather_pct"]), 3),
+        "all_gather_pct_max": round(max(per_rank["all_gather_pct"]), 3),
+        "step_min": round(min(every_step), 3),
+        "step_max": round(max(every_step), 3),
     }
 
 
@@ -175,6 +185,13 @@ def summary(figures: dict[str, dict[str, float | None]], args: argparse.Namespac
     def per_pack(key: str) -> dict[str, dict[str, float | None]]:
         return {str(w): {str(p): figures[f"w{w}-p{p}"][key] for p in _ints(args.packs)} for w in _ints(args.procs)}
 
+    def spread(key: str) -> dict[str, dict[str, list[float | None]]]:
+        return {
+            str(w): {str(p): [figures[f"w{w}-p{p}"][f"{key}_min"], figures[f"w{w}-p{p}"][f"{key}_max"]]
+                     for p in _ints(args.packs)}
+            for w in _ints(args.procs)
+        }  # fmt: skip
+
     result: dict[str, Any] = {
         "exposed_all_gather_ms_per_step": per_pack("all_gather"),
         "exposed_all_gather_pct_of_step": per_pack("all_gather_pct"),
@@ -184,6 +201,8 @@ def summary(figures: dict[str, dict[str, float | None]], args: argparse.Namespac
         "exposed_all_reduce_pct_of_step": per_pack("all_reduce_pct"),
         "compute_ms_per_step": per_pack("compute"),
         "step_ms": per_pack("step"),
+        "exposed_all_gather_pct_ranks_min_max": spread("all_gather_pct"),
+        "step_ms_min_max": spread("step"),
     }
     if not args.no_ep and 2 in _ints(args.procs):
         plain, ep, domino = (figures[f"w2-p{args.ep_pack}{suffix}"] for suffix in ("", "-ep2", "-ep2-domino"))
