@@ -1,6 +1,7 @@
 """Expert parallelism through ``xtrain train``'s trainer (fp32, CPU, gloo): ep_size 2 on 2 processes, 4 on 4 and
-ep_size 2 inside HSDP replicas (replicate 2) on 4 train like ep_size 1 on as many processes (losses, gradient
-norms and weights within 1e-5), and so do Domino slices and
+ep_size 2 inside HSDP replicas (replicate 2) on 4 and on 8 (where each EP rank's experts are FSDP-sharded over 2
+ranks inside the replica) train like ep_size 1 on as many processes (losses, gradient norms and weights within
+1e-5), and so do Domino slices and
 checkpointing + offload on top; a checkpoint saved at one ep_size resumes at another, continuing the uninterrupted
 run's losses and packs (one saved under replicate 2 × ep 2 too); the all-to-alls are in the deeptrace trace as COMM
 spans.
@@ -152,3 +153,19 @@ def test_ep4_and_ep_inside_hsdp_replicas_on_four_processes_train_like_ep1(tmp_pa
     _assert_same_losses(tmp_path / "hsdp-ep2-to-ep1", tmp_path / "hsdp-ep2", range(3, 4))
     assert metrics(tmp_path / "hsdp-ep2-to-ep1")[0]["resumed_from_step"] == 2
     _assert_same_weights(weights["hsdp-ep2-to-ep1"], weights["hsdp-ep2"], "hsdp-ep2-to-ep1")
+
+
+def test_ep_inside_hsdp_replicas_with_experts_fsdp_sharded_on_eight_processes_trains_like_ep1(tmp_path: Path) -> None:
+    # replicate 2 × shard 4 with ep 2: inside each replica of 4 ranks the experts are split over 2 EP ranks and
+    # each EP rank's experts are FSDP-sharded over the other 2 (the experts' own FSDP mesh has more than one rank
+    # per replica, which four processes cannot show), then all-reduced across the replicas. One pack per rank.
+    base = debug_config(
+        tmp_path / "cache", "train.global_batch=8", "train.max_steps=3", "data.pack_tokens=64", "optim.eps=0.01"
+    )
+    runs: list[Run] = [
+        ("ep1", base, "none"),
+        ("hsdp-ep2", (*base, "parallel.replicate=2", "parallel.ep_size=2"), "none"),
+    ]
+    weights = _run_all(8, runs, tmp_path)
+    _assert_same_losses(tmp_path / "hsdp-ep2", tmp_path / "ep1", range(1, 4))
+    _assert_same_weights(weights["hsdp-ep2"], weights["ep1"], "hsdp-ep2")
