@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import random
 import socket
 import traceback
 from collections.abc import Callable
@@ -17,11 +18,29 @@ from typing import Any
 import torch.multiprocessing as mp
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def free_port() -> int:
+    """A port free now and outside the kernel's ephemeral range. A port that the kernel hands out for bind(0) can
+    be taken by any outgoing connection (gloo's, a TCPStore client's) before the process group that was meant to
+    listen on it starts, seconds later (seen in CI: EADDRINUSE at a rank's TCPStore); outside the range only an
+    explicit bind takes it, and the random choice makes two tests meeting on one unlikely."""
+    low, high = _ephemeral_range()
+    candidates = [port for port in range(20000, 32768) if not low <= port <= high] or list(range(20000, 32768))
+    for port in random.sample(candidates, 50):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port outside the ephemeral range")
 
 
 def _entry(  # noqa: PLR0917 (torch.multiprocessing passes these positionally)
@@ -52,7 +71,7 @@ def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, tmp_dir: Path
     tmp_dir.mkdir(parents=True, exist_ok=True)
     try:
         mp.start_processes(
-            _entry, args=(world_size, _free_port(), str(tmp_dir), fn, args), nprocs=world_size, start_method="spawn"
+            _entry, args=(world_size, free_port(), str(tmp_dir), fn, args), nprocs=world_size, start_method="spawn"
         )
     except mp.ProcessRaisedException as error:
         errors = sorted(tmp_dir.glob("rank-*.error"))

@@ -13,7 +13,6 @@ importing costs seconds per process on two cores.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from deeptrace.collect.reader import read_trace
 from deeptrace.spans import Category
 
 from tests.engine.checkpoint.cli_runs import latest_per_step, metrics, pack_ids
-from tests.engine.parallel.ranks import run_ranks
+from tests.engine.parallel.ranks import free_port, run_ranks
 from tests.engine.train.plain_loop import relative
 from tests.engine.train.run_trainer import debug_config, load
 
@@ -38,13 +37,6 @@ def _settings(cache_dir: Path) -> tuple[str, ...]:
     4 steps), and comparing weights within 1e-5 would compare rounding. With it, a wrong gradient still moves the
     weights by the size of an update (about 1e-3 per step), far beyond the tolerance."""
     return debug_config(cache_dir, "train.global_batch=4", "train.max_steps=3", "data.pack_tokens=64", "optim.eps=0.01")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 KEYS = ("loss", "aux_loss", "z_loss", "grad_norm")
@@ -72,7 +64,10 @@ def _train_runs(runs: list[Run], root: str, ports: list[int]) -> dict[str, dict[
 
 
 def _run_all(world_size: int, runs: list[Run], root: Path) -> dict[str, dict[str, torch.Tensor]]:
-    ports = [free_port() for _ in runs]
+    ports: list[int] = []
+    while len(ports) < len(runs):  # one port per run, each its own
+        if (port := free_port()) not in ports:
+            ports.append(port)
     results = run_ranks(world_size, _train_runs, runs, str(root), ports, tmp_dir=root / "ipc")
     return {name: weights for name, weights in results[0].items() if weights is not None}
 
