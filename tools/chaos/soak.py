@@ -75,36 +75,22 @@ class Job:
             [str(BIN / "clusterx"), *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False
         )
 
-    def processes(self) -> list[psutil.Process]:
-        """The job's processes (they carry CLUSTERX_JOB_ID in their environment)."""
+    def processes(self, wanted: Callable[[psutil.Process], bool] = lambda _process: True) -> list[psutil.Process]:
+        """The job's processes (they carry CLUSTERX_JOB_ID in their environment) for which `wanted` holds."""
         found = []
         for process in psutil.process_iter():
             try:
-                if process.environ().get("CLUSTERX_JOB_ID") == self.job_id:
+                if process.environ().get("CLUSTERX_JOB_ID") == self.job_id and wanted(process):
                     found.append(process)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         return found
 
     def ranks(self) -> list[psutil.Process]:
-        ranks = []
-        for process in self.processes():
-            try:
-                if "RANK" in process.environ() and "export" not in process.cmdline():
-                    ranks.append(process)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        return ranks
+        return self.processes(lambda process: "RANK" in process.environ() and "export" not in process.cmdline())
 
     def exports(self) -> list[psutil.Process]:
-        exports = []
-        for process in self.processes():
-            try:
-                if "export" in process.cmdline():
-                    exports.append(process)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        return exports
+        return self.processes(lambda process: "export" in process.cmdline())
 
     def state(self) -> str:
         described = self.clusterx("describe", self.job_id, "--json")

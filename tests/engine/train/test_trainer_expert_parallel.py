@@ -30,13 +30,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 RTOL = 1e-5
 
 
-def _settings(cache_dir: Path) -> tuple[str, ...]:
-    """3 steps of 4 packs of 64 tokens. AdamW's epsilon at 1e-2 makes its update nearly linear in the gradient:
+def _settings(cache_dir: Path, packs: int = 4) -> tuple[str, ...]:
+    """3 steps of `packs` packs of 64 tokens. AdamW's epsilon at 1e-2 makes its update nearly linear in the gradient:
     with the default 1e-8 it divides by the gradient's own scale, so wherever a gradient is near zero the rounding
     of the sums (which the layouts order differently) becomes a full-size update of that element (seen: 4e-5 after
     4 steps), and comparing weights within 1e-5 would compare rounding. With it, a wrong gradient still moves the
     weights by the size of an update (about 1e-3 per step), far beyond the tolerance."""
-    return debug_config(cache_dir, "train.global_batch=4", "train.max_steps=3", "data.pack_tokens=64", "optim.eps=0.01")
+    return debug_config(
+        cache_dir, f"train.global_batch={packs}", "train.max_steps=3", "data.pack_tokens=64", "optim.eps=0.01"
+    )
 
 
 KEYS = ("loss", "aux_loss", "z_loss", "grad_norm")
@@ -154,9 +156,7 @@ def test_ep_inside_hsdp_replicas_with_experts_fsdp_sharded_on_eight_processes_tr
     # replicate 2 × shard 4 with ep 2: inside each replica of 4 ranks the experts are split over 2 EP ranks and
     # each EP rank's experts are FSDP-sharded over the other 2 (the experts' own FSDP mesh has more than one rank
     # per replica, which four processes cannot show), then all-reduced across the replicas. One pack per rank.
-    base = debug_config(
-        tmp_path / "cache", "train.global_batch=8", "train.max_steps=3", "data.pack_tokens=64", "optim.eps=0.01"
-    )
+    base = _settings(tmp_path / "cache", packs=8)
     runs: list[Run] = [
         ("ep1", base, "none"),
         ("hsdp-ep2", (*base, "parallel.replicate=2", "parallel.ep_size=2"), "none"),

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from xtrain.config import TrainConfig
 from xtrain.loss.chunk_size import auto_chunk_tokens, chunk_bytes_per_token
 from xtrain.model.config import ModelConfig
+from xtrain.model.moe.experts import choose_experts_path
 from xtrain.parallel.checkpointing import checkpointed_layers
 from xtrain.parallel.layout import ParallelLayout
 from xtrain.plan.shapes import FsdpGroup
@@ -221,14 +222,19 @@ def plan_memory(
 
 
 def fused_experts_path(config: TrainConfig, model: ModelConfig, layout: ParallelLayout, *, on_cpu: bool) -> bool:
-    """Whether the MoE blocks take the fused CPU path, as ``xtrain.model.moe.experts.choose_experts_path`` decides
-    it at run time: ``experts_impl`` auto or cpu_fused, on the CPU, in eager mode (no ``parallel.compile``), whole
-    experts (no expert parallelism) without biases (not GPT-OSS's)."""
+    """Whether the MoE blocks take the fused CPU path: ``choose_experts_path``'s run-time choice, with what makes
+    the fused loop possible read from the config (the CPU, eager mode: no ``parallel.compile``, whole experts: no
+    expert parallelism, GroupedExperts: no GPT-OSS biases) and torch's grouped kernel taken to run (it does on
+    the CPU in fp32 and bf16)."""
     moe = model.moe
-    if moe is None or config.model.experts_impl not in ("auto", "cpu_fused"):
-        return False
-    biased = moe.expert_bias or moe.expert_activation != "swiglu"
-    return on_cpu and not config.parallel.compile and not layout.expert_parallel and not biased
+    fusable = (
+        moe is not None
+        and on_cpu
+        and not config.parallel.compile
+        and not layout.expert_parallel
+        and not moe.biased_experts
+    )
+    return fusable and choose_experts_path(config.model.experts_impl, grouped="grouped_mm", fusable=True) == "cpu_fused"
 
 
 def _last_layer_gathered(groups: list[FsdpGroup]) -> int:

@@ -56,9 +56,8 @@ class MoEBlock(nn.Module):
         self.hidden_size = hidden_size
         self.config = config
         self.router = Router(hidden_size, config)
-        biased = config.expert_bias or config.expert_activation != "swiglu"
         self.experts: GroupedExperts | BiasedExperts = (
-            BiasedExperts(hidden_size, config) if biased else GroupedExperts(hidden_size, config)
+            BiasedExperts(hidden_size, config) if config.biased_experts else GroupedExperts(hidden_size, config)
         )
         self.shared_experts = (
             # The shared experts are fused into one dense SwiGLU MLP, as DeepSeek-V3 stores them.

@@ -124,7 +124,7 @@ class MoEConfig(BaseModel):
                 )
         elif self.n_group != 1 or self.topk_group != 1:
             raise ValueError("n_group/topk_group apply to router='sigmoid_group_limited' only: leave them at 1")
-        if (self.expert_bias or self.expert_activation != "swiglu") != (self.router == "topk_softmax"):
+        if self.biased_experts != (self.router == "topk_softmax"):
             raise ValueError(
                 "expert biases and the clamped SwiGLU come with the GPT-OSS router (router='topk_softmax'): "
                 "set all three or none"
@@ -132,6 +132,11 @@ class MoEConfig(BaseModel):
         if self.shared_expert_intermediate_size is not None and self.num_shared_experts == 0:
             raise ValueError("shared_expert_intermediate_size is set but num_shared_experts=0: set both or neither")
         return self
+
+    @property
+    def biased_experts(self) -> bool:
+        """Experts with GPT-OSS's biases or clamped SwiGLU (`BiasedExperts`); the rest are `GroupedExperts`."""
+        return self.expert_bias or self.expert_activation != "swiglu"
 
     @property
     def shared_intermediate_size(self) -> int:
