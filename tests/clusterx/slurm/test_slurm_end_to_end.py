@@ -127,7 +127,10 @@ def test_a_job_slurm_requeues_runs_again_as_the_next_attempt(slurm_cluster: Slur
             lambda: slurm_cluster.run("scontrol", "update", f"JobId={slurm_id}", "StartTime=now").returncode == 0
         )
         done = client.wait(job.id, timeout_s=120)
-        assert (done.state, done.attempt, done.backend_job_id) == ("SUCCEEDED", 2, slurm_id)
+        history = [(e.to_state, e.message) for e in done.events]
+        job_log = (Path(job.run_dir) / "clusterx" / "attempt-1" / "stderr.log").read_text()
+        diagnosis = f"events {history}; job stderr {job_log!r}; slurmctld:\n{slurm_cluster.log_tail()}"
+        assert (done.state, done.attempt, done.backend_job_id) == ("SUCCEEDED", 2, slurm_id), diagnosis
         assert attempts_file.read_text() == "1\n2\n"
         assert [(a.attempt, a.state, a.backend_job_id) for a in done.attempts] == [
             (1, "PREEMPTED", slurm_id),
