@@ -10,7 +10,8 @@ its gradients reduce-scattered after its backward):
   ``forward_with_head`` reads the output weight after the norm's forward has returned;
 - the root (the whole model): what is left (with tied embeddings, the embedding and the final norm; FSDP keeps
   the root unsharded after forward). ``forward_hidden`` and ``forward_with_head`` are registered as forward
-  methods, so FSDP's hooks run for them as for ``forward``.
+  methods, so FSDP's hooks run for them as for ``forward`` (``forward_with_head``'s on the head's output only:
+  see ``_register_hiding_router_stats``).
 
 Explicit prefetch: in forward each layer starts the all-gather of the next, in backward of the previous, so the
 communication of one layer overlaps the computation of its neighbour. Mixed precision: parameters are cast to
@@ -37,6 +38,8 @@ therefore be multiplied by the data-parallel size before backward; the trainer d
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -44,10 +47,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor, Shard
 
-from xtrain.model.moe import MoEBlock
-from xtrain.model.transformer import Transformer
+from xtrain.model.moe import MoEBlock, RouterStats
+from xtrain.model.transformer import ModelOutput, Transformer
 
-FORWARD_METHODS = ("forward_hidden", "forward_with_head")
 REDUCE_DTYPE = torch.float32
 """The dtype gradients are reduced in (``apply_fsdp``'s default; the planner counts with it)."""
 EXPERT_FORWARD_METHODS = ("forward_slices",)
@@ -83,10 +85,53 @@ def apply_fsdp(
         head_modules: list[nn.Module] = [model.norm, model.lm_head]
         head = fully_shard(head_modules, mesh=mesh, mp_policy=policy, reshard_after_forward=False)[0]
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    for method in FORWARD_METHODS:
-        register_fsdp_forward_method(model, method)
+    _register_hiding_router_stats(
+        model,
+        "forward_hidden",
+        lambda out: (out.hidden, out.router_stats),
+        ModelOutput,
+    )
+    _register_hiding_router_stats(model, "forward_with_head", lambda out: out, lambda head, stats: (head, stats))
     if prefetch:
         _set_prefetch(embedding, layer_groups, head)
+
+
+def _register_hiding_router_stats(
+    model: Transformer,
+    name: str,
+    split: Callable[[Any], tuple[Any, list[RouterStats]]],
+    join: Callable[[Any, list[RouterStats]], Any],
+) -> None:
+    """Method ``name`` of ``model`` as an FSDP forward method whose hooks see its output without the router
+    statistics (``split`` takes them out of the output, ``join`` puts them back).
+
+    FSDP registers a pre-backward hook of the root, and of the head group (whose modules the forward completes
+    for it), on every grad-requiring tensor the method returns. The router statistics are such tensors, and
+    their gradients arrive layer by layer during the backward. Each arrival then ran the head group's hooks
+    again: after the head's own backward they gathered the head once more and kept it gathered to the end, and
+    its explicit prefetch gathered the last layer once more after that layer's backward (both held until the
+    root's final callback: a layer's and the head's parameters at the peak, and two extra all-gathers per
+    micro-batch; torch 2.13 collects the tensors in dataclasses, as RouterStats is). The statistics are handed
+    past the hooks instead; each layer's own hooks still see its statistics, as outputs of that layer."""
+    compute: Callable[..., Any] = getattr(model, name)
+    handed: list[list[RouterStats]] = []
+
+    def without_stats(*args: Any, **kwargs: Any) -> Any:
+        output, stats = split(compute(*args, **kwargs))
+        handed.append(stats)
+        return output
+
+    hooked_name = f"_{name}_without_router_stats"
+    setattr(model, hooked_name, without_stats)
+    register_fsdp_forward_method(model, hooked_name)
+    hooked: Callable[..., Any] = getattr(model, hooked_name)
+
+    def with_stats(*args: Any, **kwargs: Any) -> Any:
+        handed.clear()  # nothing left from a call that raised
+        output = hooked(*args, **kwargs)
+        return join(output, handed.pop())
+
+    setattr(model, name, with_stats)
 
 
 def _shard_experts(

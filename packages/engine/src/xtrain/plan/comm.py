@@ -14,14 +14,9 @@ each), for the FSDP groups of :func:`xtrain.plan.shapes.fsdp_groups` (those of `
 - **all-gather** of each group's padded shard (dim 0, or the experts' dim 1, padded to a multiple of the group's
   ranks) in ``param_dtype``, over its shard ranks: once in forward, and once more in backward for a group that
   is resharded after forward (every decoder layer but the last when ``parallel.reshard_after_forward``, the root
-  then too, and the embedding always; the head group stays gathered). Prefetch changes when, not how much, with
-  one exception, which the plan counts because the trainer pays it: in a model with MoE layers and an untied
-  head, each layer's router statistics are outputs of the layer, of the root and of the head group, and FSDP
-  runs a group's pre-backward hook for every output gradient that arrives. The statistics' gradients arrive
-  after the head group's reduce-scatter, so the head group is gathered a third time (its parameters get no more
-  gradient), and, when an MoE layer comes before the last one, its hook's explicit prefetch of the last layer
-  gathers that layer once more after its reduce-scatter as well (each once per micro-batch; the root's
-  post-backward callback reshards both);
+  then too, and the embedding always; the head group stays gathered). Prefetch changes when, not how much. (The
+  router statistics are outputs of every MoE layer; ``xtrain.parallel.fsdp`` keeps them away from the root's and
+  the head group's hooks, which would otherwise gather the head and the last layer once more in backward.)
 - **reduce-scatter** of each group's gradients, ranks × the padded shard in ``reduce_dtype`` (fp32), over the
   same ranks: once per micro-batch (the step does not turn gradient sync off between micro-batches);
 - **all-reduce** under HSDP (``parallel.replicate`` > 1): each group's reduced shard across the replicas, once
@@ -99,7 +94,7 @@ def comm_bytes_per_step(
     micro = config.train.global_batch // layout.world_size if micro_batches is None else micro_batches
     param_bytes = compute_dtype(config, torch.device(device_type)).itemsize
     parallel = config.parallel
-    fixed = _fixed_bytes(model, layout, rank, param_bytes, parallel.reshard_after_forward, parallel.prefetch)
+    fixed = _fixed_bytes(model, layout, rank, param_bytes, parallel.reshard_after_forward)
     per_micro = dict(fixed.per_micro)
     if layout.expert_parallel:
         per_micro["all_to_all"] = _exchanges(
@@ -128,13 +123,13 @@ class _FixedBytes:
 
 
 @functools.lru_cache(maxsize=256)  # a search plans thousands of candidates on a few layouts
-def _fixed_bytes(  # noqa: PLR0917 (the cache's key)
-    model: ModelConfig, layout: ParallelLayout, rank: int, param_bytes: int, reshard_after_forward: bool, prefetch: bool
+def _fixed_bytes(
+    model: ModelConfig, layout: ParallelLayout, rank: int, param_bytes: int, reshard_after_forward: bool
 ) -> _FixedBytes:
     ranks = RankGroups(layout, rank)
     groups = fsdp_groups(model, layout, reshard_after_forward=reshard_after_forward)
     experts = _moe_experts(model)
-    per_micro = _fsdp(groups, ranks, param_bytes, _regathered(groups, model, prefetch=prefetch))
+    per_micro = _fsdp(groups, ranks, param_bytes)
     counts = sum(num_experts for num_experts, _ in experts) * _COUNT_BYTES
     if experts:
         per_micro["all_reduce"] += ranks.sent("all_reduce", counts, ranks.world)
@@ -196,27 +191,14 @@ class RankGroups:
         return all_reduce_bytes(nbytes, group, self.rank, per_node)
 
 
-def _regathered(groups: list[FsdpGroup], model: ModelConfig, *, prefetch: bool) -> set[str]:
-    """The groups gathered once more in backward, after their reduce-scatter (see the module docstring)."""
-    moe_layers = [index for index in range(model.num_layers) if model.is_moe_layer(index)]
-    head = next((group for group in groups if group.kind == "head"), None)
-    if head is None or not moe_layers:
-        return set()
-    last = model.num_layers - 1
-    regathered = {head.name}
-    if prefetch and any(index < last for index in moe_layers):
-        regathered.add(f"layers.{last}")
-    return regathered
-
-
-def _fsdp(groups: list[FsdpGroup], ranks: RankGroups, param_bytes: int, regathered: set[str]) -> dict[str, LinkBytes]:
+def _fsdp(groups: list[FsdpGroup], ranks: RankGroups, param_bytes: int) -> dict[str, LinkBytes]:
     """One micro-batch's FSDP collectives (see the module docstring)."""
     reduce_bytes = REDUCE_DTYPE.itemsize
     expert_shard, dense_shard, replicas = ranks.expert_shard, ranks.dense_shard, ranks.replicas
     sent = dict.fromkeys(KINDS, NOTHING)
     for group in groups:
         shard = expert_shard if group.kind == "experts" else dense_shard
-        gathers = (2 if group.reshard_after_forward else 1) + (group.name in regathered)
+        gathers = 2 if group.reshard_after_forward else 1
         sent["all_gather"] += ranks.sent("all_gather", group.shard_numel * param_bytes, shard) * gathers
         sent["reduce_scatter"] += ranks.sent("reduce_scatter", group.gathered_numel * reduce_bytes, shard)
         if ranks.layout.replicate > 1:
