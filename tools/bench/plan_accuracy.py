@@ -30,7 +30,7 @@ folder, deleted unless ``--out`` is given.
 Prints a table, then one JSON line: {"max_memory_error", "max_comm_error", "max_all_to_all_error", "rows": [...],
 "total_s", ...}.
 
-Usage: python tools/bench/plan_accuracy.py [--steps 3] [--only NAME,...] [--out DIR]
+Usage: python tools/bench/plan_accuracy.py [--steps 6] [--only NAME,...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ GRID = (
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per configuration (at least 2)")
+    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per configuration (at least 2)")
     parser.add_argument("--only", default="", help="comma-separated configuration names (default: the grid)")
     parser.add_argument("--out", type=Path, default=None, help="keep the run directories here")
     args = parser.parse_args()

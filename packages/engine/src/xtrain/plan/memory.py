@@ -135,19 +135,21 @@ def layer_activation_bytes_per_token(
     return attention + ffn_norm + mlp
 
 
-def backward_working_bytes_per_token(model: ModelConfig, layer: int, dt: int) -> int:
+def backward_working_bytes_per_token(model: ModelConfig, layer: int, dt: int, *, fused_experts: bool = False) -> int:
     """Bytes per token a layer's backward holds on top of its saved activations when it starts (its MLP's
-    backward): the gradient flowing down [T, D], and for an MoE block the SwiGLU's backward (the gate-up
-    gradient [S, 2F] and four [S, F] temporaries) with the down projection's input gradient and its copy
-    (2·[S, F]); for a dense MLP the same with I for K·F. The fused CPU path's backward holds as much within 15 %
-    (it works an expert's rows at a time but sums the input gradient in fp32 [T, D] and recomputes the gate-up
-    rows per expert; measured on one MoE layer of ``debug`` and ``cpu-moe``: 4,054 and 11,792 B per token against
-    the grouped path's 3,592 and 11,280), so one formula serves both."""
+    backward): dt·(3·D + 4·K·F) for an MoE block on the grouped path (the gradients flowing down and into the
+    block, [T, D] each, a [T, D] temporary of the combine's backward, and the SwiGLU's backward on the routed rows:
+    the gate-up gradient [S, 2F] and two [S, F] temporaries), one [T, D] more on the fused CPU path (it sums the
+    input gradient over experts in a [T, D] buffer and recomputes the gate-up rows one expert at a time); for a
+    dense MLP the same with I for K·F. Measured on one MoE layer of ``debug`` and ``cpu-moe`` in fp32 (saved-tensor
+    hooks and the profiler's memory events): grouped 3,592 and 11,280 B per token (formula 3,584 and 11,264),
+    fused 4,054 and 11,792 (formula 4,096 and 12,288)."""
     moe = model.moe
     width = moe.num_experts_per_tok * moe.moe_intermediate_size if moe and model.is_moe_layer(layer) else None
     if width is None:
         width = model.intermediate_size
-    return dt * (model.hidden_size + 8 * width)
+    flows = 4 if fused_experts else 3
+    return dt * (flows * model.hidden_size + 4 * width)
 
 
 def plan_memory(
@@ -181,11 +183,14 @@ def plan_memory(
         **zero,
         "optimizer": ADAM_BYTES * shard + foreach_temporary,
     }
-    last_layer = _last_layer_bytes(config, model, dt, pack_tokens, on_cpu=on_cpu)
+    last_layer = _last_layer_bytes(config, model, dt, pack_tokens, on_cpu=on_cpu, fused=fused)
+    last_recomputed = model.num_layers - 1 in set(checkpointed_layers(config.memory.checkpointing, model.num_layers))
     backward_moment = {
         **state,
         "gradients": MASTER_BYTES * reduced,
-        "fsdp_buffers": _fsdp_buffers(groups, dt, prefetch=config.parallel.prefetch, backward=True),
+        "fsdp_buffers": _fsdp_buffers(
+            groups, dt, prefetch=config.parallel.prefetch, backward=True, gloo=on_cpu and not last_recomputed
+        ),
         "activations": saved + last_layer,
         "loss": dt * pack_tokens * model.hidden_size + dt * model.vocab_size * model.hidden_size,
         "all_to_all": _all_to_all_bytes(config, model, layout, dt, pack_tokens),
@@ -253,7 +258,15 @@ def _last_layer_saved(
     return tokens * layer_activation_bytes_per_token(model, last, dt, attention_output_copy=copy, fused_experts=fused)
 
 
-def _fsdp_buffers(groups: list[FsdpGroup], dt: int, *, prefetch: bool, backward: bool) -> int:
+def _fsdp_buffers(groups: list[FsdpGroup], dt: int, *, prefetch: bool, backward: bool, gloo: bool = False) -> int:
+    """Gathered parameters held at the moment: the groups kept gathered, the last layer's, under backward prefetch
+    the layer below it; with ``gloo`` (the CPU's backend) also the flat output buffer gloo allocates for an
+    all-gather on its own thread, as large as the gathered group and held until the collective ends: the
+    prefetch in flight at the backward moment, when the last layer's backward starts at once (the caller passes
+    ``gloo`` False when that layer is recomputed first: the prefetch's all-gather ends during the recompute).
+    Whether it is still alive at the peak depends on timing: on cpu-moe (2 processes, 512-token packs) the
+    measured peak moved between 140.3 and 147.0 MiB from run to run, by about one gathered layer (6.8 MiB); the
+    plan takes the larger case, the one a run must fit."""
     per_layer: dict[int, int] = {}
     for group in groups:
         if group.layer is not None:
@@ -273,7 +286,8 @@ def _fsdp_buffers(groups: list[FsdpGroup], dt: int, *, prefetch: bool, backward:
         below = sum(g.gathered_numel for g in groups if g.layer == last_index - 1 and g.ranks > 1)
         if not all(g.reshard_after_forward for g in groups if g.layer == last_index - 1):
             below = 0  # still gathered from the forward: counted in unresharded
-    return dt * (kept + last + below + unresharded)
+    in_flight = below if gloo else 0
+    return dt * (kept + last + below + in_flight + unresharded)
 
 
 def _saved_activations(
@@ -317,7 +331,9 @@ def _saved_activations(
     return full + inputs + kept_routing + rotary + final_norm, host
 
 
-def _last_layer_bytes(config: TrainConfig, model: ModelConfig, dt: int, tokens: int, *, on_cpu: bool) -> int:
+def _last_layer_bytes(
+    config: TrainConfig, model: ModelConfig, dt: int, tokens: int, *, on_cpu: bool, fused: bool
+) -> int:
     """What the last layer's backward adds when it starts: its recompute when checkpointed, its working set."""
     last = model.num_layers - 1
     copy = on_cpu or dt == 4
@@ -325,9 +341,10 @@ def _last_layer_bytes(config: TrainConfig, model: ModelConfig, dt: int, tokens: 
     if last in set(checkpointed_layers(config.memory.checkpointing, model.num_layers)):
         # Measured (trace.memory, debug and cpu-moe with full checkpointing on 2k-token packs): when the fused CPU
         # path recomputes the last layer and starts its backward, the step holds as much as the grouped path's
-        # saved set, not the fused path's smaller one (planned with the fused set, the peak came out 7-9 % low).
+        # saved set, not the fused path's smaller one (planned with the fused set, the peak came out 7-9 % low;
+        # measured again once the head and last layer were no longer gathered twice in backward: 3-6 % low).
         recompute = tokens * layer_activation_bytes_per_token(model, last, dt, attention_output_copy=copy)
-    return recompute + tokens * backward_working_bytes_per_token(model, last, dt)
+    return recompute + tokens * backward_working_bytes_per_token(model, last, dt, fused_experts=fused)
 
 
 def _loss_bytes(config: TrainConfig, model: ModelConfig, dt: int, tokens: int) -> int:
