@@ -24,7 +24,7 @@ def test_the_short_soak_loses_nothing(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.stdout.strip(), done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["kills"] == 4, result
+    assert result["kills"] == 4, (result["kill_kinds"], result)
     assert {"save", "export", "daemon"} <= {kind.removesuffix("-late") for kind in result["kill_kinds"]}, result
     assert result["job_state"] == "SUCCEEDED" and result["attempts"] >= 4, result
     assert result["steps_identical"] and result["weights_identical"] and result["identical"], result
