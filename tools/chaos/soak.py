@@ -50,6 +50,7 @@ from pathlib import Path
 import psutil
 from clusterx.daemon.control import daemon_pid
 from clusterx.db.engine import resolve_db_url
+from clusterx.glance import newest_jobs
 from deeptrace.rundir import StepRecord, layout, read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -205,15 +206,24 @@ def one_kill(job: Job, target: int, kind: str, rng: random.Random) -> bool:
     except (psutil.NoSuchProcess, IndexError):
         return False
     job.kills.append(kind if landed else f"{kind}-late")
-    # The next attempt starts once clusterx sees this one end: wait for its ranks to be gone, then count what the
-    # dead attempt logged, so that the next kill waits for the next attempt's own steps.
-    wait_for(lambda: not job.ranks(), 120, 0.2, job)
+    # Wait for this attempt's ranks to be gone, then count what the dead attempt logged, so that the next kill
+    # waits for the next attempt's own steps. Its own ranks, by process: the next attempt's may already be
+    # running (clusterx retries at once), and waiting for the job to have no ranks at all then waited until
+    # that attempt had trained to the end, leaving the next kill nothing to wait for.
+    psutil.wait_procs(ranks, timeout=120)
     job.seen = len(read_metrics(job.run_dir))
     return True
 
 
 def job_over(job: Job) -> bool:
-    return job.state() in {"SUCCEEDED", "FAILED", "CANCELLED", "LOST"}
+    """Whether the job has ended, read from its SQLite history with the standard library (clusterx.glance), or
+    through `clusterx describe` when that cannot be read now. A describe is a new Python process: on a loaded
+    machine it took seconds, during which the kills' polls did not run and the attempt trained on past the
+    moments they wait for (a kill then landed many steps late, and the job could end before the last one)."""
+    glances = newest_jobs(job.env["CLUSTERX_DB"], 10)
+    mine = [glance for glance in glances or [] if str(glance.id) == job.job_id]
+    state = mine[0].state if mine else job.state()
+    return state in {"SUCCEEDED", "FAILED", "CANCELLED", "LOST"}
 
 
 def daemon_process(job: Job) -> psutil.Process | None:
