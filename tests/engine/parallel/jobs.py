@@ -62,6 +62,7 @@ def two_rank_job(folders: HFFolders) -> dict[str, Result]:
         "forward fp32 no reshard": lambda: _forward(config, mesh, torch.float32, reshard=False),
         "forward bf16": lambda: _forward(config, mesh, torch.bfloat16, reshard=True),
         "gradients checkpointed": lambda: _gradients_checkpointed(config, mesh),
+        "all-gathers of a step": lambda: _all_gathers_of_a_step(config, mesh),
         "load dense": lambda: _load_hf(Path(folders.dense), mesh),
         "load moe": lambda: _load_hf(Path(folders.moe), mesh),
         "save moe": lambda: _save_hf(Path(folders.moe), mesh, Path(folders.out) / "saved-moe"),
@@ -175,6 +176,23 @@ def _gradients_checkpointed(config: ModelConfig, mesh: DeviceMesh) -> Result:
     training_loss(model, input_ids_1T, cu_seqlens).backward()  # type: ignore[no-untyped-call]
     grads = {name: None if p.grad is None else full_tensor(p.grad).clone() for name, p in model.named_parameters()}
     return {"grads": _on_rank0(unwrapped_names(grads))}
+
+
+def _all_gathers_of_a_step(config: ModelConfig, mesh: DeviceMesh) -> Result:
+    """How many times FSDP all-gathers each group in one forward and backward with the router losses (FSDP's own
+    profiler annotations, ``FSDP::all_gather (GROUP)``)."""
+    model = _sharded(config, mesh)
+    set_router_biases(model)
+    input_ids_1T, cu_seqlens = inputs_of_rank(dist.get_rank(), config.vocab_size)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        training_loss(model, input_ids_1T, cu_seqlens).backward()  # type: ignore[no-untyped-call]
+    prefix = "FSDP::all_gather ("
+    names = [event.name for event in profiler.events() if event.name.startswith(prefix)]
+    counts: dict[str, int] = {}
+    for name in names:
+        group = name.removeprefix(prefix).removesuffix(")")
+        counts[group] = counts.get(group, 0) + 1
+    return {"counts": counts, "layers": config.num_layers}
 
 
 def _load_hf(folder: Path, mesh: DeviceMesh) -> Result:

@@ -60,3 +60,16 @@ def test_bf16_parameters_with_fp32_reduction_stay_close_to_the_fp32_model(two_ra
         assert error > 0, f"rank {rank}: bit-identical to fp32, so the bf16 compute did not happen"
         # And the parameters really were cast for compute: every router saw bf16 weights.
         assert {weight for weight, _, _ in got["router dtypes in forward"]} == {torch.bfloat16}
+
+
+@on_two_ranks
+def test_each_group_is_gathered_once_more_in_backward_at_most(two_ranks: list[dict[str, Any]]) -> None:
+    """One forward and backward with the router losses: a group resharded after forward is gathered twice (forward
+    and backward), the last layer and the head, which stay gathered, once. The router statistics are outputs of
+    every MoE layer; when FSDP hooked them as outputs of the forward method too, each statistics gradient ran the
+    head group's hooks again, which gathered the head and the last layer a second time after their backward."""
+    for rank, result in enumerate(check(two_ranks, "all-gathers of a step")):
+        layers = result["layers"]
+        expected = {"embed_tokens": 2, **{f"layers.{i}": 2 for i in range(layers - 1)}, f"layers.{layers - 1}": 1}
+        expected["norm, lm_head"] = 1
+        assert result["counts"] == expected, f"rank {rank}"
