@@ -11,6 +11,7 @@ one broken behaviour fails its own test and the other checks still run. Tensors 
 from __future__ import annotations
 
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -187,12 +188,11 @@ def _all_gathers_of_a_step(config: ModelConfig, mesh: DeviceMesh) -> Result:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
         training_loss(model, input_ids_1T, cu_seqlens).backward()  # type: ignore[no-untyped-call]
     prefix = "FSDP::all_gather ("
-    names = [event.name for event in profiler.events() if event.name.startswith(prefix)]
-    counts: dict[str, int] = {}
-    for name in names:
-        group = name.removeprefix(prefix).removesuffix(")")
-        counts[group] = counts.get(group, 0) + 1
-    return {"counts": counts, "layers": config.num_layers}
+    events = profiler.events()
+    counts = Counter(
+        event.name.removeprefix(prefix).removesuffix(")") for event in events if event.name.startswith(prefix)
+    )
+    return {"counts": dict(counts), "layers": config.num_layers}
 
 
 def _load_hf(folder: Path, mesh: DeviceMesh) -> Result:

@@ -184,13 +184,11 @@ def plan_memory(
         "optimizer": ADAM_BYTES * shard + foreach_temporary,
     }
     last_layer = _last_layer_bytes(config, model, dt, pack_tokens, on_cpu=on_cpu, fused=fused)
-    last_recomputed = model.num_layers - 1 in set(checkpointed_layers(config.memory.checkpointing, model.num_layers))
+    gloo = on_cpu and not _last_layer_checkpointed(config, model)  # gloo's buffer of the prefetch in flight
     backward_moment = {
         **state,
         "gradients": MASTER_BYTES * reduced,
-        "fsdp_buffers": _fsdp_buffers(
-            groups, dt, prefetch=config.parallel.prefetch, backward=True, gloo=on_cpu and not last_recomputed
-        ),
+        "fsdp_buffers": _fsdp_buffers(groups, dt, prefetch=config.parallel.prefetch, backward=True, gloo=gloo),
         "activations": saved + last_layer,
         "loss": dt * pack_tokens * model.hidden_size + dt * model.vocab_size * model.hidden_size,
         "all_to_all": _all_to_all_bytes(config, model, layout, dt, pack_tokens),
@@ -247,12 +245,17 @@ def _last_layer_gathered(groups: list[FsdpGroup]) -> int:
     return sum(g.gathered_numel for g in groups if g.layer is not None and g.layer == last)
 
 
+def _last_layer_checkpointed(config: TrainConfig, model: ModelConfig) -> bool:
+    """Whether the last layer is checkpointed: its backward then starts with its recompute."""
+    return model.num_layers - 1 in checkpointed_layers(config.memory.checkpointing, model.num_layers)
+
+
 def _last_layer_saved(
     config: TrainConfig, model: ModelConfig, dt: int, tokens: int, *, on_cpu: bool, fused: bool
 ) -> int:
     """What the last layer's forward saved (freed by the end of its backward)."""
     last = model.num_layers - 1
-    if last in set(checkpointed_layers(config.memory.checkpointing, model.num_layers)):
+    if _last_layer_checkpointed(config, model):
         return tokens * model.hidden_size * dt
     copy = on_cpu or dt == 4
     return tokens * layer_activation_bytes_per_token(model, last, dt, attention_output_copy=copy, fused_experts=fused)
@@ -338,7 +341,7 @@ def _last_layer_bytes(
     last = model.num_layers - 1
     copy = on_cpu or dt == 4
     recompute = 0
-    if last in set(checkpointed_layers(config.memory.checkpointing, model.num_layers)):
+    if _last_layer_checkpointed(config, model):
         # Measured (trace.memory, debug and cpu-moe with full checkpointing on 2k-token packs): when the fused CPU
         # path recomputes the last layer and starts its backward, the step holds as much as the grouped path's
         # saved set, not the fused path's smaller one (planned with the fused set, the peak came out 7-9 % low;
