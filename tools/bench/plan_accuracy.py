@@ -8,10 +8,13 @@ and compares, per rank:
 
 - memory: the plan's ``tensor_peak_bytes`` (``xtrain.plan.planner.plan_for`` on the ``cpu`` device: no allocator
   headroom, since the CPU figure is exact tensor bytes) with the largest ``mem_tensor_peak_bytes`` of the steps
-  after the first. The plan describes a steady-state step: one that starts with the AdamW moments allocated. The
-  first step has none before its update (they are created inside it, after the backward), so its peak is lower
-  and is not what the plan predicts; it is reported (``first_step_peak``) but not scored. The relative error of
-  a configuration is the worst over its ranks: |planned - measured| / measured.
+  after the first. Under expert parallelism the rows a rank's experts receive depend on the routing, so each
+  step is planned with the rows recorded for it (``expert_rows``) and the rank's plan is the largest of its
+  steps; the error against the uniform-routing plan (what ``xtrain plan`` says before a run) is reported as
+  ``memory_error_uniform_routing`` and not scored. The plan describes a steady-state step: one that starts with
+  the AdamW moments allocated. The first step has none before its update (they are created inside it, after the
+  backward), so its peak is lower and is not what the plan predicts; it is reported (``first_step_peak``) but not
+  scored. The relative error of a configuration is the worst over its ranks: |planned - measured| / measured.
 - communication: for every rank and every step (the first included: the bytes do not depend on the state), the
   planned bytes per kind and link (``xtrain.plan.comm.comm_bytes_per_step`` for that rank, what ``plan_for``
   reports for rank 0) with the measured ``comm_bytes``. All-gather, reduce-scatter and all-reduce are
@@ -165,21 +168,29 @@ def compare(case: Case, steps: int, out: Path) -> dict[str, Any]:
     config = measured_config(case, steps, out)
     model = resolve_model_config(config)
     layout = check_world_size(config, case.procs, case.per_node)
-    plan = plan_for(config, model, layout, device("cpu"))
+    cpu = device("cpu")
+    plan = plan_for(config, model, layout, cpu)
     records = read_rank_records(out / case.name)
-    memory_errors, first, steady = [], [], []
+    memory_errors, uniform_errors, first, steady, planned_peaks = [], [], [], [], []
     comm_error, a2a_error = 0.0, 0.0
     for rank, steps_of_rank in sorted(records.items()):
-        peaks = [r.mem_tensor_peak_bytes for r in steps_of_rank if r.step > 1 and r.mem_tensor_peak_bytes is not None]
-        if not peaks:
+        scored = [r for r in steps_of_rank if r.step > 1 and r.mem_tensor_peak_bytes is not None]
+        if not scored:
             raise SystemExit(f"{case.name}: rank {rank} recorded no tensor peak after step 1")
-        steady.append(max(peaks))
+        measured = max(r.mem_tensor_peak_bytes or 0 for r in scored)
+        # Under expert parallelism each step is planned with the rows this rank's experts received in it (the
+        # routing, recorded by trace.memory); otherwise every step has the same plan.
+        planned = max(plan_for(config, model, layout, cpu, expert_rows=r.expert_rows).tensor_peak_bytes
+                      for r in scored)  # fmt: skip
+        steady.append(measured)
+        planned_peaks.append(planned)
         first.append(next(r.mem_tensor_peak_bytes for r in steps_of_rank if r.step == 1))
-        memory_errors.append(_relative(plan.tensor_peak_bytes, max(peaks)))
-        planned = comm_bytes_per_step(config, model, layout, rank=rank, device_type="cpu")
+        memory_errors.append(_relative(planned, measured))
+        uniform_errors.append(_relative(plan.tensor_peak_bytes, measured))
+        planned_comm = comm_bytes_per_step(config, model, layout, rank=rank, device_type="cpu")
         for record in steps_of_rank:
-            comm_error = max(comm_error, _comm_error(planned, record, EXACT_KINDS))
-            a2a_error = max(a2a_error, _comm_error(planned, record, ("all_to_all",)))
+            comm_error = max(comm_error, _comm_error(planned_comm, record, EXACT_KINDS))
+            a2a_error = max(a2a_error, _comm_error(planned_comm, record, ("all_to_all",)))
     sent = records[0][-1].comm_bytes or {}
     return {
         "name": case.name,
@@ -192,11 +203,13 @@ def compare(case: Case, steps: int, out: Path) -> dict[str, Any]:
         "offload": case.offload,
         "ep_size": case.ep,
         "replicate": case.replicate,
-        "planned_peak": plan.tensor_peak_bytes,
+        "planned_peak": planned_peaks,
+        "planned_peak_uniform_routing": plan.tensor_peak_bytes,
         "planned_parts": {k: v for k, v in plan.parts.items() if k != "headroom"},
         "measured_peak": steady,
         "first_step_peak": first,
         "memory_error": round(max(memory_errors), 4),
+        "memory_error_uniform_routing": round(max(uniform_errors), 4) if case.ep > 1 else None,
         "comm_error": round(comm_error, 6),
         "all_to_all_error": round(a2a_error, 4) if case.ep > 1 else None,
         "planned_comm": plan.comm_bytes,
@@ -225,7 +238,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         a2a = "-" if row["all_to_all_error"] is None else f"{row['all_to_all_error']:.3f}"
         lines.append(
-            f"{row['name']:<28} {row['planned_peak'] / mib:>11.2f} {max(row['measured_peak']) / mib:>13.2f} "
+            f"{row['name']:<28} {max(row['planned_peak']) / mib:>11.2f} {max(row['measured_peak']) / mib:>13.2f} "
             f"{row['memory_error']:>8.4f} {row['comm_error']:>9.6f} {a2a:>8}"
         )
     return "\n".join(lines)

@@ -1,14 +1,13 @@
 """The planner's tensor peak (xtrain.plan.memory, through plan_for on the cpu device) is at most 5 % below and at
 most 10 % above the peak ``trace.memory`` measures in real runs of ``xtrain train`` (2 gloo processes, fp32, the
 default MoE path: the fused CPU one). Below is the direction that makes a run that was planned to fit run out of
-memory; above, the measured peak itself moves between runs of one configuration by up to 8 % on this machine
-(cpu-moe: 168.5 to 181.6 MB with the same seed; not pinned down, the timing of gloo's background work the likely
-cause; the plan takes the high case), so a 5 % bound both ways would fail by chance. On three configurations of
-tools/bench/plan_accuracy.py's grid: the debug MoE with two micro-batches per rank (the gradients accumulated
-from the first are live in the second's backward), with full checkpointing on 2k-token packs, and the larger
-cpu-moe with full checkpointing on 2k-token packs (the whole grid's figures: docs/plan.md, "Agreement with
-measurement"). A change to what the trainer keeps alive during a step fails here until the
-memory model (and docs/plan.md, "The memory model") follows.
+memory; above, the plan's recompute moment is 6.8 % high on cpu-moe with full checkpointing on 2 processes
+(docs/plan.md, "Agreement with measurement"), so a 5 % bound both ways would fail on a known miss rather than on
+a change. On three configurations of tools/bench/plan_accuracy.py's grid: the debug MoE with two micro-batches per
+rank (the gradients accumulated from the first are live in the second's backward), with full checkpointing on
+2k-token packs, and the larger cpu-moe with full checkpointing on 2k-token packs; and on debug with expert
+parallelism, each rank planned with the rows its experts received. A change to what the trainer keeps alive during
+a step fails here until the memory model (and docs/plan.md, "The memory model") follows.
 
 The plan describes a steady-state step, one that starts with AdamW's moments allocated: step 2 of each run is
 compared (step 1 creates the moments inside its update and peaks lower).
@@ -55,3 +54,29 @@ def test_planned_tensor_peak_is_close_to_the_measured(name: str, tmp_path: Path)
         errors.append((plan.tensor_peak_bytes - steady) / steady)
     print(f"{name}: planned {plan.tensor_peak_bytes} B, relative errors per rank {[round(e, 4) for e in errors]}")
     assert min(errors) >= -UNDER and max(errors) <= OVER, (name, plan.parts, errors)
+
+
+def test_expert_parallel_ranks_are_planned_with_the_rows_they_received(tmp_path: Path) -> None:
+    """Under expert parallelism ``trace.memory`` records the rows each rank's experts received per MoE layer; the
+    ranks' receives add up to what they sent (T·K rows each, per layer), and the plan of each rank with its own
+    rows is within the same bounds of its measured peak."""
+    overrides = ("data.pack_tokens=512", "train.global_batch=2", "parallel.ep_size=2", "train.max_steps=3")
+    config, records = train_measured(2, 2, measured_overrides(tmp_path / "cache", *overrides), tmp_path / "run")
+    model = resolve_model_config(config)
+    assert model.moe is not None
+    moe_layers = sum(model.is_moe_layer(i) for i in range(model.num_layers))
+    for step in (1, 2, 3):
+        of_step = [next(r for r in steps if r.step == step) for steps in records.values()]
+        rows = [record.expert_rows for record in of_step]
+        assert all(r is not None and len(r) == moe_layers for r in rows), rows
+        sent = sum(record.tokens or 0 for record in of_step) * model.moe.num_experts_per_tok
+        assert [sum(layer) for layer in zip(*rows, strict=True)] == [sent] * moe_layers
+    layout = check_world_size(config, 2, 2)
+    errors = []
+    for steps in records.values():
+        (steady,) = [record for record in steps if record.step == 2]
+        assert steady.mem_tensor_peak_bytes is not None
+        plan = plan_for(config, model, layout, device("cpu"), expert_rows=steady.expert_rows)
+        errors.append((plan.tensor_peak_bytes - steady.mem_tensor_peak_bytes) / steady.mem_tensor_peak_bytes)
+    print(f"ep 2: relative errors per rank {[round(e, 4) for e in errors]}")
+    assert min(errors) >= -UNDER and max(errors) <= OVER, errors

@@ -141,3 +141,6 @@ class RankStepRecord(_LineRecord):
     comm_bytes: dict[str, CommLinkBytes] | None = None
     """Bytes the rank sent during the step per collective kind (``all_gather``, ``reduce_scatter``,
     ``all_reduce``, ``all_to_all``), by link (a trainer's memory trace)."""
+    expert_rows: list[int] | None = None
+    """Under expert parallelism: the rows the rank's experts received per MoE layer (in layer order) in the
+    step's last forward, the routing its memory depends on (a trainer's memory trace)."""

@@ -66,13 +66,40 @@ def live_tensor_bytes(device: torch.device | str = "cpu") -> int:
 
 
 def _peak_of_cpu_memory_events(prof: profile) -> int:
-    # The raw event list keeps every "[memory]" event with its signed size; the aggregated FunctionEvents fold
-    # allocations into the op that made them and lose their order.
-    results: Any = prof.profiler.kineto_results  # type: ignore[union-attr]
-    memory_events = [e for e in results.events() if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]
-    memory_events.sort(key=lambda e: e.start_ns())
+    return running_peak(_allocation_events(prof))
+
+
+def running_peak(events: list[tuple[int, int]]) -> int:
+    """The peak of the bytes held over (address, signed bytes) allocation events in time order, kept by address
+    (see the module docstring): a block still held where a new one is allocated leaves the sum then."""
     held = peak = 0
-    for event in memory_events:
-        held += int(event.nbytes())
+    blocks: dict[int, int] = {}  # address -> bytes of the blocks the sum holds
+    for address, nbytes in events:
+        if nbytes > 0:
+            held += nbytes - blocks.pop(address, 0)  # a block still held at this address was freed off-thread
+            blocks[address] = nbytes
+        else:
+            blocks.pop(address, None)
+            held += nbytes
         peak = max(peak, held)
     return peak
+
+
+def _allocation_events(prof: profile) -> list[tuple[int, int]]:
+    """(address, signed bytes) of every CPU allocation and free the profiler recorded, in time order."""
+    from torch._C._profiler import _EventType  # noqa: PLC0415 (torch's profiler internals, imported on use)
+
+    results: Any = prof.profiler.kineto_results  # type: ignore[union-attr]
+    # The event tree carries each allocation's address (the flat Kineto events do not), nested under the op
+    # that made it.
+    found: list[tuple[int, int, int]] = []
+    pending = list(results.experimental_event_tree())
+    while pending:
+        node = pending.pop()
+        pending.extend(node.children)
+        if node.tag == _EventType.Allocation:
+            fields = node.extra_fields
+            if fields.device.type == "cpu":
+                found.append((node.start_time_ns, fields.ptr, fields.alloc_size))
+    found.sort(key=lambda event: event[0])
+    return [(address, nbytes) for _, address, nbytes in found]

@@ -81,6 +81,15 @@ def moe_blocks(model: nn.Module) -> list[MoEBlock]:
     return [module for module in model.modules() if isinstance(module, MoEBlock)]
 
 
+def received_rows(model: nn.Module) -> list[int] | None:
+    """Rows each MoE block's experts received in its last forward, in module order (None without expert
+    parallelism)."""
+    schedules = [block.expert_schedule for block in moe_blocks(model)]
+    if not schedules or not all(isinstance(s, ExpertParallelSchedule) for s in schedules):
+        return None
+    return [s.received_rows for s in schedules if isinstance(s, ExpertParallelSchedule)]
+
+
 def apply_expert_parallel(
     model: nn.Module, mesh: ExpertParallelMesh, *, domino_slices: int = 1, observer: CommObserver | None = None
 ) -> list[MoEBlock]:
@@ -128,6 +137,9 @@ class ExpertParallelSchedule:
         self.ep_size = ep_size
         self.slices = slices
         self.observer = observer
+        self.received_rows = 0
+        """Rows this rank's experts received in the layer's last call (every slice, every sender): the routing
+        that the layer's memory depends on, read by ``trace.memory`` (:func:`received_rows`)."""
 
     # Host-side split sizes and collectives: kept out of compiled graphs.
     @torch.compiler.disable  # type: ignore[untyped-decorator]  # torch leaves it untyped
@@ -140,6 +152,7 @@ class ExpertParallelSchedule:
         recv_counts_GNL = exchange_counts(send_counts_GNL, self.group, self.observer)
         # The one host synchronisation of the layer: every slice's split sizes at once.
         sizes = torch.stack([send_counts_GNL.sum(-1), recv_counts_GNL.sum(-1)]).tolist()
+        self.received_rows = sum(map(sum, sizes[1]))
         slices: list[_Slice] = []
         pending: list[Tensor] = []
         for index, ((start, stop, layout, weight_S1), _) in enumerate(parts):

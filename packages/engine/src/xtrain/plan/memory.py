@@ -44,17 +44,26 @@ The parts are those of the moment that peaks (the others are zero there), so ``t
 - ``loss``: at the ``loss`` moment the chunk's logits (:mod:`xtrain.loss.chunk_size`) and their fp32 gradient,
   the hidden states' gradient [T, D] in dt and the head's fp32 weight gradient [V, D], which the chunked loss
   computes in its forward; at the ``backward`` moment the two gradients (the weight's in dt);
-- ``all_to_all``: under expert parallelism, at the ``backward`` moment the send and receive buffers of one MoE
-  layer's gradient exchange (S rows of D in dt), for the Domino slices in flight (two at most);
+- ``all_to_all``: under expert parallelism, at the ``backward`` moment the send and receive buffers (S and R rows
+  of D in dt) of the last MoE layer's exchanges in flight beside its experts' backward: the other Domino slices'
+  (two at most; none with one slice), or one slice's when the layer is recomputed (:func:`_all_to_all_bytes`);
 - ``headroom``: the device's allocator headroom (a fraction of the rest; none on the CPU).
 
-What the model does not see: data-dependent sizes (the rows each rank receives under expert parallelism, a
-document's attention when the masked-softmax path materialises its scores) are taken at their uniform or
-per-token values.
+**Routing.** Under expert parallelism a rank's experts compute the rows the other ranks route to them: R per MoE
+layer, S = T·K on average but not per rank (a rank whose experts are popular receives more). The receiver's part
+of a layer (the rows [R, D], the experts' gate-up [R, 2F] and activation [R, F], the rows' weights and the two
+int64 orders that sort them by expert; in backward the SwiGLU's gradients and the gradient exchange's receive
+buffer) scales with R. ``expert_rows`` gives R per MoE layer; without it the plan takes uniform routing (R = S),
+which is what a planner can know before the run. ``trace.memory`` records the R of every step
+(``expert_rows`` in ranks/rank-R.jsonl) and plan_accuracy.py plans each rank with its own.
+
+What the model does not see: the other data-dependent size, a document's attention when the masked-softmax path
+materialises its scores, is taken at its per-token value.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xtrain.config import TrainConfig
@@ -162,17 +171,20 @@ def plan_memory(
     pack_tokens: int,
     headroom: float,
     device_type: str | None = None,
+    expert_rows: Sequence[int] | None = None,
 ) -> MemoryPlan:
     """Per-rank memory of ``config`` on ``model`` under ``layout`` (see the module docstring). ``device_type``
     ``cpu``: the host is the device (offloaded checkpoints count), AdamW runs foreach (one temporary), attention
     takes the per-document SDPA path; None: the CPU when ``headroom`` is 0 (the one device planned without
-    allocator headroom, see xtrain.plan.devices), a GPU otherwise."""
+    allocator headroom, see xtrain.plan.devices), a GPU otherwise. ``expert_rows``: under expert parallelism the
+    rows this rank's experts receive per MoE layer, in layer order (default: uniform routing)."""
     on_cpu = device_type == "cpu" if device_type is not None else headroom == 0
     fused = fused_experts_path(config, model, layout, on_cpu=on_cpu)
+    rows = ReceivedRows.of(model, layout, pack_tokens, expert_rows)
     shard = sum(group.shard_numel for group in groups)
     micro = max(1, config.train.global_batch // layout.world_size)
     reduced = shard if micro > 1 else sum(g.shard_numel for g in groups if g.kind == "head")
-    saved, host = _saved_activations(config, model, layout, dt, pack_tokens, on_cpu=on_cpu, fused=fused)
+    saved, host = _saved_activations(config, model, rows, dt, pack_tokens, on_cpu=on_cpu, fused=fused)
     state = {"parameters": MASTER_BYTES * shard, "optimizer": ADAM_BYTES * shard}
     zero = {"fsdp_buffers": 0, "activations": 0, "loss": 0, "all_to_all": 0}
 
@@ -183,7 +195,7 @@ def plan_memory(
         **zero,
         "optimizer": ADAM_BYTES * shard + foreach_temporary,
     }
-    last_layer = _last_layer_bytes(config, model, dt, pack_tokens, on_cpu=on_cpu, fused=fused)
+    last_layer = _last_layer_bytes(config, model, rows, dt, pack_tokens, on_cpu=on_cpu, fused=fused)
     gloo = on_cpu and not _last_layer_checkpointed(config, model)  # gloo's buffer of the prefetch in flight
     backward_moment = {
         **state,
@@ -191,7 +203,7 @@ def plan_memory(
         "fsdp_buffers": _fsdp_buffers(groups, dt, prefetch=config.parallel.prefetch, backward=True, gloo=gloo),
         "activations": saved + last_layer,
         "loss": dt * pack_tokens * model.hidden_size + dt * model.vocab_size * model.hidden_size,
-        "all_to_all": _all_to_all_bytes(config, model, layout, dt, pack_tokens),
+        "all_to_all": _all_to_all_bytes(config, model, rows, dt),
     }
     loss_moment = {
         **state,
@@ -206,7 +218,7 @@ def plan_memory(
         **backward_moment,
         "fsdp_buffers": backward_moment["fsdp_buffers"] + (dt + FP32) * last_gathered,
         "activations": saved
-        - _last_layer_saved(config, model, dt, pack_tokens, on_cpu=on_cpu, fused=fused)
+        - _last_layer_saved(config, model, rows, dt, pack_tokens, on_cpu=on_cpu, fused=fused)
         + dt * pack_tokens * model.hidden_size,
         "all_to_all": 0,
     }
@@ -240,6 +252,55 @@ def fused_experts_path(config: TrainConfig, model: ModelConfig, layout: Parallel
     return fusable and choose_experts_path(config.model.experts_impl, grouped="grouped_mm", fusable=True) == "cpu_fused"
 
 
+@dataclass(frozen=True)
+class ReceivedRows:
+    """Where a rank's token rows go under expert parallelism: the rows its experts receive per MoE layer."""
+
+    expert_parallel: bool
+    received: dict[int, int]
+    """Rows received per MoE layer index (S = T·K each without expert parallelism, or under uniform routing)."""
+    sent: int
+    """S = T·K: the rows a rank sends per MoE layer, whatever the routing."""
+
+    @classmethod
+    def of(
+        cls, model: ModelConfig, layout: ParallelLayout, tokens: int, expert_rows: Sequence[int] | None
+    ) -> ReceivedRows:
+        moe = model.moe
+        layers = [i for i in range(model.num_layers) if moe is not None and model.is_moe_layer(i)]
+        sent = tokens * moe.num_experts_per_tok if moe is not None else 0
+        if expert_rows is None or not layout.expert_parallel:
+            return cls(layout.expert_parallel, dict.fromkeys(layers, sent), sent)
+        if len(expert_rows) != len(layers):
+            raise ValueError(f"expert_rows has {len(expert_rows)} values for the model's {len(layers)} MoE layers")
+        return cls(True, dict(zip(layers, expert_rows, strict=True)), sent)
+
+    def extra_rows(self, layer: int) -> int:
+        """Rows the layer receives beyond S (negative: fewer)."""
+        return self.received.get(layer, self.sent) - self.sent
+
+
+def _received_row_bytes(model: ModelConfig, dt: int) -> int:
+    """What one received row adds to an MoE layer's saved set under expert parallelism: the row [D], the experts'
+    gate-up [2F] and activation [F], its routing weight (dt each) and the two int64 orders sorting rows by
+    expert."""
+    moe = model.moe
+    assert moe is not None
+    return dt * (model.hidden_size + 3 * moe.moe_intermediate_size + 1) + 2 * INDEX
+
+
+def _layer_saved_bytes(
+    model: ModelConfig, layer: int, rows: ReceivedRows, dt: int, tokens: int, *, copy: bool, fused: bool
+) -> int:
+    """What a layer that is not checkpointed saves, its received rows counted as routed."""
+    uniform = tokens * layer_activation_bytes_per_token(
+        model, layer, dt, attention_output_copy=copy, fused_experts=fused
+    )
+    if not rows.expert_parallel or not model.is_moe_layer(layer):
+        return uniform
+    return uniform + rows.extra_rows(layer) * _received_row_bytes(model, dt)
+
+
 def _last_layer_gathered(groups: list[FsdpGroup]) -> int:
     last = max((g.layer for g in groups if g.layer is not None), default=None)
     return sum(g.gathered_numel for g in groups if g.layer is not None and g.layer == last)
@@ -251,14 +312,13 @@ def _last_layer_checkpointed(config: TrainConfig, model: ModelConfig) -> bool:
 
 
 def _last_layer_saved(
-    config: TrainConfig, model: ModelConfig, dt: int, tokens: int, *, on_cpu: bool, fused: bool
+    config: TrainConfig, model: ModelConfig, rows: ReceivedRows, dt: int, tokens: int, *, on_cpu: bool, fused: bool
 ) -> int:
     """What the last layer's forward saved (freed by the end of its backward)."""
     last = model.num_layers - 1
     if _last_layer_checkpointed(config, model):
         return tokens * model.hidden_size * dt
-    copy = on_cpu or dt == 4
-    return tokens * layer_activation_bytes_per_token(model, last, dt, attention_output_copy=copy, fused_experts=fused)
+    return _layer_saved_bytes(model, last, rows, dt, tokens, copy=on_cpu or dt == 4, fused=fused)
 
 
 def _fsdp_buffers(groups: list[FsdpGroup], dt: int, *, prefetch: bool, backward: bool, gloo: bool = False) -> int:
@@ -296,7 +356,7 @@ def _fsdp_buffers(groups: list[FsdpGroup], dt: int, *, prefetch: bool, backward:
 def _saved_activations(
     config: TrainConfig,
     model: ModelConfig,
-    layout: ParallelLayout,
+    rows: ReceivedRows,
     dt: int,
     tokens: int,
     *,
@@ -309,15 +369,17 @@ def _saved_activations(
     checkpoint = tokens * model.hidden_size * dt
     moe = model.moe
     copy = on_cpu or dt == 4  # the per-document SDPA path: CPU, and fp32 anywhere
-    tape_rows = 2 * moe.num_experts_per_tok if (moe is not None and layout.expert_parallel) else 0
     routing = (FP32 + INDEX) * moe.num_experts_per_tok if moe is not None else 0
 
-    # The exchange tape of a checkpointed MoE layer (dispatched and combined rows) stays on the device until the
-    # layer's backward; offload moves only the layer's input.
-    moe_checkpointed = sum(1 for i in checkpointed if model.is_moe_layer(i))
-    kept_routing = moe_checkpointed * tokens * (routing + tape_rows * model.hidden_size * dt)
+    # The exchange tape of a checkpointed MoE layer (the rows it received and the S rows combined back) stays on
+    # the device until the layer's backward; offload moves only the layer's input.
+    moe_checkpointed = [i for i in checkpointed if model.is_moe_layer(i)]
+    kept_routing = len(moe_checkpointed) * tokens * routing
+    if rows.expert_parallel:
+        tape_rows = sum(rows.sent + rows.received[i] for i in moe_checkpointed)
+        kept_routing += tape_rows * model.hidden_size * dt
     full = sum(
-        tokens * layer_activation_bytes_per_token(model, i, dt, attention_output_copy=copy, fused_experts=fused)
+        _layer_saved_bytes(model, i, rows, dt, tokens, copy=copy, fused=fused)
         for i in range(layers)
         if i not in checkpointed
     )
@@ -335,7 +397,7 @@ def _saved_activations(
 
 
 def _last_layer_bytes(
-    config: TrainConfig, model: ModelConfig, dt: int, tokens: int, *, on_cpu: bool, fused: bool
+    config: TrainConfig, model: ModelConfig, rows: ReceivedRows, dt: int, tokens: int, *, on_cpu: bool, fused: bool
 ) -> int:
     """What the last layer's backward adds when it starts: its recompute when checkpointed, its working set."""
     last = model.num_layers - 1
@@ -346,8 +408,11 @@ def _last_layer_bytes(
         # path recomputes the last layer and starts its backward, the step holds as much as the grouped path's
         # saved set, not the fused path's smaller one (planned with the fused set, the peak came out 7-9 % low;
         # measured again once the head and last layer were no longer gathered twice in backward: 3-6 % low).
-        recompute = tokens * layer_activation_bytes_per_token(model, last, dt, attention_output_copy=copy)
-    return recompute + tokens * backward_working_bytes_per_token(model, last, dt, fused_experts=fused)
+        recompute = _layer_saved_bytes(model, last, rows, dt, tokens, copy=copy, fused=False)
+    working = tokens * backward_working_bytes_per_token(model, last, dt, fused_experts=fused)
+    if rows.expert_parallel and model.moe is not None and model.is_moe_layer(last):
+        working += rows.extra_rows(last) * dt * 4 * model.moe.moe_intermediate_size  # the SwiGLU's, per row
+    return recompute + working
 
 
 def _loss_bytes(config: TrainConfig, model: ModelConfig, dt: int, tokens: int) -> int:
@@ -365,10 +430,21 @@ def _loss_bytes(config: TrainConfig, model: ModelConfig, dt: int, tokens: int) -
     return logits + gradients
 
 
-def _all_to_all_bytes(config: TrainConfig, model: ModelConfig, layout: ParallelLayout, dt: int, tokens: int) -> int:
-    if not layout.expert_parallel or model.moe is None:
+def _all_to_all_bytes(config: TrainConfig, model: ModelConfig, rows: ReceivedRows, dt: int) -> int:
+    """The exchange rows live at the backward moment, in the last MoE layer's backward (S rows sent, R received,
+    D wide, per slice: 1/N of them for N Domino slices).
+
+    - Not recomputed: a slice's experts run their backward after its combine's gradient exchange has ended (its
+      rows are then the working set's incoming gradient) and before its dispatch's gradient exchange starts, so
+      only the other slices' exchanges are in flight beside them (two at most: the next combine, the previous
+      dispatch); with one slice there are none. Measured: counting one slice's buffers in that case put the plan
+      2-5 % above every step of debug with ep 2 (2 and 4 processes); without them the steps agree within 2.4 %.
+    - Recomputed (the last layer checkpointed): the recomputed forward's exchange rows are live beside the tape
+      when the backward starts, as many as one slice's send and receive buffers (cpu-moe, ep 2, full
+      checkpointing: without them the plan is 4-7 % low)."""
+    if not rows.expert_parallel or model.moe is None or not rows.received:
         return 0
-    rows = tokens * model.moe.num_experts_per_tok
+    last = max(rows.received)
     slices = config.parallel.domino_slices
-    in_flight = min(slices, 2) / slices
-    return int(2 * rows * model.hidden_size * dt * in_flight)
+    overlapping = min(slices, 2) if _last_layer_checkpointed(config, model) else min(slices - 1, 2)
+    return int((rows.sent + rows.received[last]) * model.hidden_size * dt * overlapping / slices)

@@ -10,6 +10,7 @@ links from :mod:`xtrain.plan.comm`, time from :mod:`xtrain.plan.estimate`, FLOPs
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -106,13 +107,31 @@ def make_plan(config: TrainConfig, cluster: Cluster) -> Plan:
     return plan_for(config, model, layout, cluster.device)
 
 
-def plan_for(config: TrainConfig, model: ModelConfig, layout: ParallelLayout, dev: Device) -> Plan:
+def plan_for(
+    config: TrainConfig,
+    model: ModelConfig,
+    layout: ParallelLayout,
+    dev: Device,
+    *,
+    expert_rows: Sequence[int] | None = None,
+) -> Plan:
+    """The plan of ``config``; ``expert_rows``: the rows the planned rank's experts receive per MoE layer under
+    expert parallelism, where they are known (a measured run); uniform routing otherwise."""
     bf16 = _bf16(config, dev)
     dt = 2 if bf16 else 4
     tokens = config.data.pack_tokens
     micro = config.train.global_batch // layout.world_size
     groups = fsdp_groups(model, layout, reshard_after_forward=config.parallel.reshard_after_forward)
-    memory = plan_memory(config, model, layout, groups, dt=dt, pack_tokens=tokens, headroom=dev.allocator_headroom)
+    memory = plan_memory(
+        config,
+        model,
+        layout,
+        groups,
+        dt=dt,
+        pack_tokens=tokens,
+        headroom=dev.allocator_headroom,
+        expert_rows=expert_rows,
+    )
     comm = comm_bytes_per_step(
         config,
         model,

@@ -9,6 +9,10 @@
   start and stop notices, go to the rank's log.
 - Communication: every collective of the step counted by :class:`xtrain.parallel.comm_meter.CollectiveMeter`,
   with the convention the planner uses (:mod:`xtrain.parallel.comm_volume`).
+- Routing, under expert parallelism: the rows each MoE layer's experts received on this rank in the step's last
+  forward (:func:`xtrain.parallel.expert_parallel.received_rows`). The experts' activations scale with them, so a
+  rank that receives more rows than uniform routing would send it holds more: the memory plan is checked with
+  them (tools/bench/plan_accuracy.py).
 
 The window is the optimizer step (forward, backward, clipping, update: ``train_step``); a checkpoint saved after
 it is not part of it.
@@ -42,6 +46,8 @@ class StepMeasure:
     """The peak of bytes held by tensors on the device during the step (None: not measurable at this step)."""
     comm_bytes: dict[str, LinkBytes]
     """Bytes sent per collective kind, by link."""
+    expert_rows: list[int] | None = None
+    """Rows each MoE layer's experts received in the step's last forward (None without expert parallelism)."""
 
 
 def measure_step(
@@ -51,9 +57,10 @@ def measure_step(
     *,
     log_path: Path,
     profiler_running: bool = False,
+    expert_rows: Callable[[], list[int] | None] = lambda: None,
 ) -> tuple[Result, StepMeasure]:
     """``run()`` (one optimizer step) measured; ``profiler_running``: the Kineto profiler runs during this step
-    (on the CPU the tensor peak is then not measured)."""
+    (on the CPU the tensor peak is then not measured); ``expert_rows`` reads the routing after the step."""
     meter = CollectiveMeter(processes_per_node)
 
     def metered() -> Result:
@@ -61,7 +68,8 @@ def measure_step(
             return run()
 
     if device.type == "cpu" and profiler_running:
-        return metered(), StepMeasure(None, dict(meter.sent))
+        result = metered()
+        return result, StepMeasure(None, dict(meter.sent), expert_rows())
     quiet: AbstractContextManager[object] = (
         kineto_notices_to(log_path) if device.type == "cpu" else contextlib.nullcontext()
     )
@@ -72,4 +80,4 @@ def measure_step(
     start = live_tensor_bytes(device)
     with quiet:
         result, peak = measure_peak(metered, device)
-    return result, StepMeasure(start + peak, dict(meter.sent))
+    return result, StepMeasure(start + peak, dict(meter.sent), expert_rows())

@@ -142,6 +142,7 @@ def rank_record(facts: StepFacts, rank: int) -> RankStepRecord:
         mem_reserved_bytes=facts.memory.reserved,
         mem_tensor_peak_bytes=measured.tensor_peak_bytes if measured is not None else None,
         comm_bytes=None if measured is None else _comm_bytes(measured),
+        expert_rows=None if measured is None else measured.expert_rows,
     )
 
 

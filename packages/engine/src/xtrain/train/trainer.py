@@ -33,6 +33,7 @@ from xtrain.errors import TrainingStoppedError
 from xtrain.model.flops import training_flops_per_token
 from xtrain.model.transformer import Transformer
 from xtrain.parallel.distributed import Distributed, barrier, close_distributed, init_distributed
+from xtrain.parallel.expert_parallel import received_rows
 from xtrain.parallel.layout import ParallelLayout
 from xtrain.train.build import build_model, compute_dtype, loss_settings, pack_stream, resolve_model_config
 from xtrain.train.checkpoint.locate import ResumePoint
@@ -268,6 +269,7 @@ class Trainer:
             self.layout.processes_per_node,
             log_path=layout.log_path(self.run_dir, self.dist.rank),
             profiler_running=step in profiled_steps(self.config),
+            expert_rows=lambda: received_rows(self.model),
         )
 
     def _evaluator(self) -> Evaluator | None:
