@@ -1,13 +1,14 @@
-"""The planner's tensor peak (xtrain.plan.memory, through plan_for on the cpu device) is at most 5 % below and at
-most 10 % above the peak ``trace.memory`` measures in real runs of ``xtrain train`` (2 gloo processes, fp32, the
-default MoE path: the fused CPU one). Below is the direction that makes a run that was planned to fit run out of
-memory; above, the plan's recompute moment is 6.8 % high on cpu-moe with full checkpointing on 2 processes
-(docs/plan.md, "Agreement with measurement"), so a 5 % bound both ways would fail on a known miss rather than on
-a change. On three configurations of tools/bench/plan_accuracy.py's grid: the debug MoE with two micro-batches per
-rank (the gradients accumulated from the first are live in the second's backward), with full checkpointing on
-2k-token packs, and the larger cpu-moe with full checkpointing on 2k-token packs; and on debug with expert
-parallelism, each rank planned with the rows its experts received. A change to what the trainer keeps alive during
-a step fails here until the memory model (and docs/plan.md, "The memory model") follows.
+"""The planner's tensor peak (xtrain.plan.memory, through plan_for on the cpu device) is at most 5 % below the peak
+``trace.memory`` measures in real runs of ``xtrain train`` (gloo processes, fp32, the default MoE path: the fused
+CPU one), and at most 8 % above it (one step against the largest of several in tools/bench/plan_accuracy.py,
+whose target is 5 % both ways). On four configurations of its grid and one beside it: the
+debug MoE with two micro-batches per rank (the gradients accumulated from the first are live in the second's
+backward), with full checkpointing on 2k-token packs, the larger cpu-moe with full checkpointing on 2k-token packs
+on two processes and on one (where the step peaks in the dense first layer's backward, not the last layer's), and
+debug with expert parallelism, each rank planned with the rows its experts received. A change to what the
+trainer keeps alive during a step fails here until the memory model (and docs/plan.md, "The memory model")
+follows. On two processes the measurement can keep a block that gloo's thread freed (``xtrain.loss.peak_memory``),
+which only raises it: the plan's known error is below, not above.
 
 The plan describes a steady-state step, one that starts with AdamW's moments allocated: step 2 of each run is
 compared (step 1 creates the moments inside its update and peaks lower).
@@ -28,24 +29,33 @@ from tests.engine.plan.measured_run import measured_overrides, train_measured
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 UNDER = 0.05
-"""How far below the measured peak the plan may be."""
-OVER = 0.10
-"""How far above (the measurement's spread between runs)."""
+"""How far below the measured peak the plan may be (the direction in which a run planned to fit runs out)."""
+OVER = 0.08
+"""How far above: one step is compared here, and a single step's peak is not the run's. debug with two
+micro-batches measured 30.5 MiB at step 2 here and 31.4-31.6 MiB as the largest of steps 2-6 in plan_accuracy.py
+(plan 32.2 MiB: 5.3 % against the one step, 2.5 % against the run)."""
 
 RUNS = {
-    "debug-2p-none-512-2micro": ("data.pack_tokens=512", "train.global_batch=4"),
-    "debug-2p-full-2048": ("data.pack_tokens=2048", "train.global_batch=2", 'memory.checkpointing="full"'),
+    "debug-2p-none-512-2micro": (2, ("data.pack_tokens=512", "train.global_batch=4")),
+    "debug-2p-full-2048": (2, ("data.pack_tokens=2048", "train.global_batch=2", 'memory.checkpointing="full"')),
     "cpu-moe-2p-full-2048": (
-        'model.size="cpu-moe"', "data.pack_tokens=2048", "train.global_batch=2", 'memory.checkpointing="full"'
+        2, ('model.size="cpu-moe"', "data.pack_tokens=2048", "train.global_batch=2", 'memory.checkpointing="full"')
+    ),
+    # One process: no gloo thread; the step peaks in the dense first layer's MLP backward, below the last layer.
+    "cpu-moe-1p-full-2048": (
+        1, ('model.size="cpu-moe"', "data.pack_tokens=2048", "train.global_batch=1", 'memory.checkpointing="full"')
     ),
 }  # fmt: skip
-"""name -> overrides of the debug run (2 processes on one node)."""
+"""name -> (processes, all on one node; overrides of the debug run)."""
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_planned_tensor_peak_is_close_to_the_measured(name: str, tmp_path: Path) -> None:
-    config, records = train_measured(2, 2, measured_overrides(tmp_path / "cache", *RUNS[name]), tmp_path / "run")
-    layout = check_world_size(config, 2, 2)
+    processes, overrides = RUNS[name]
+    config, records = train_measured(
+        processes, processes, measured_overrides(tmp_path / "cache", *overrides), tmp_path / "run"
+    )
+    layout = check_world_size(config, processes, processes)
     plan = plan_for(config, resolve_model_config(config), layout, device("cpu"))
     errors = []
     for steps in records.values():

@@ -8,10 +8,13 @@ from :mod:`xtrain.plan.shapes`, padded as FSDP2 pads them.
 **Where the peak is.** The tensor peak of a step is the largest of four moments, each the sum of what is live
 then (measured with ``trace.memory`` and the profiler's memory events, tools/bench/plan_accuracy.py):
 
-- ``backward``: the start of the last decoder layer's backward (the last micro-batch's). Every layer's saved
-  activations are still held, the last layer's parameters are still gathered and the layer below is being
-  gathered ahead of it, and the last layer's backward has its first gradients in flight. This is the peak
-  whenever activations matter.
+- ``backward``: the peak of a decoder layer's backward (the last micro-batch's), the largest over the layers.
+  At the last layer every layer's saved activations are still held, its parameters are still gathered and the
+  layer below is being gathered ahead of it, and its backward has its first gradients in flight. Lower down
+  the saved sets of the layers above are gone, but their sharded gradients have been reduced, the layer
+  above's reduce-scatter input is still held, and the layer's own recompute and working set can be larger (a
+  dense first layer with a wide MLP): :func:`_earlier_backward_moment`. This is the peak whenever activations
+  matter.
 - ``reduce_scatter``: the end of the last layer's backward: its saved activations are freed, but its gradients
   are unsharded (dt) and copied into the reduce-scatter's fp32 input, beside its gathered parameters and the
   layer below's. The peak when a layer's parameters outweigh its activations.
@@ -45,8 +48,8 @@ The parts are those of the moment that peaks (the others are zero there), so ``t
   the hidden states' gradient [T, D] in dt and the head's fp32 weight gradient [V, D], which the chunked loss
   computes in its forward; at the ``backward`` moment the two gradients (the weight's in dt);
 - ``all_to_all``: under expert parallelism, at the ``backward`` moment the send and receive buffers (S and R rows
-  of D in dt) of the last MoE layer's exchanges in flight beside its experts' backward: the other Domino slices'
-  (two at most; none with one slice), or one slice's when the layer is recomputed (:func:`_all_to_all_bytes`);
+  of D in dt) of the MoE layer's exchanges in flight beside its experts' backward: the other Domino slices' (two
+  at most; none with one slice, :func:`_all_to_all_bytes`);
 - ``headroom``: the device's allocator headroom (a fraction of the rest; none on the CPU).
 
 **Routing.** Under expert parallelism a rank's experts compute the rows the other ranks route to them: R per MoE
@@ -63,7 +66,7 @@ materialises its scores, is taken at its per-token value.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from xtrain.config import TrainConfig
@@ -145,20 +148,25 @@ def layer_activation_bytes_per_token(
 
 
 def backward_working_bytes_per_token(model: ModelConfig, layer: int, dt: int, *, fused_experts: bool = False) -> int:
-    """Bytes per token a layer's backward holds on top of its saved activations when it starts (its MLP's
-    backward): dt·(3·D + 4·K·F) for an MoE block on the grouped path (the gradients flowing down and into the
-    block, [T, D] each, a [T, D] temporary of the combine's backward, and the SwiGLU's backward on the routed rows:
-    the gate-up gradient [S, 2F] and two [S, F] temporaries), one [T, D] more on the fused CPU path (it sums the
-    input gradient over experts in a [T, D] buffer and recomputes the gate-up rows one expert at a time); for a
-    dense MLP the same with I for K·F. Measured on one MoE layer of ``debug`` and ``cpu-moe`` in fp32 (saved-tensor
-    hooks and the profiler's memory events): grouped 3,592 and 11,280 B per token (formula 3,584 and 11,264),
-    fused 4,054 and 11,792 (formula 4,096 and 12,288)."""
+    """Bytes per token a layer's backward holds on top of its saved activations at its peak (its MLP's
+    backward).
+
+    - An MoE block: dt·(3·D + 4·K·F) on the grouped path (the gradients flowing down and into the block, [T, D]
+      each, a [T, D] temporary of the combine's backward, and the SwiGLU's backward on the routed rows: the
+      gate-up gradient [S, 2F] and two [S, F] temporaries), one [T, D] more on the fused CPU path (it sums the
+      input gradient over experts in a [T, D] buffer and recomputes the gate-up rows one expert at a time).
+      Measured on one MoE layer of ``debug`` and ``cpu-moe`` in fp32 (saved-tensor hooks and the profiler's
+      memory events): grouped 3,592 and 11,280 B per token (formula 3,584 and 11,264), fused 4,054 and 11,792
+      (formula 4,096 and 12,288).
+    - A dense MLP: dt·(D + 2·I): the SwiGLU backward's three [T, I] gradients, less the product [T, I] that the
+      down projection's backward has released, and the gradient flowing in. Measured at the peak of the first
+      (dense) layer's backward with full checkpointing, one process, allocation by allocation: the layer held
+      its saved set plus 6,522 B per token on cpu-moe (formula 7,168) and 3,121 on debug (formula 3,584)."""
     moe = model.moe
-    width = moe.num_experts_per_tok * moe.moe_intermediate_size if moe and model.is_moe_layer(layer) else None
-    if width is None:
-        width = model.intermediate_size
+    if moe is None or not model.is_moe_layer(layer):
+        return dt * (model.hidden_size + 2 * model.intermediate_size)
     flows = 4 if fused_experts else 3
-    return dt * (flows * model.hidden_size + 4 * width)
+    return dt * (flows * model.hidden_size + 4 * moe.num_experts_per_tok * moe.moe_intermediate_size)
 
 
 def plan_memory(
@@ -222,6 +230,11 @@ def plan_memory(
         + dt * pack_tokens * model.hidden_size,
         "all_to_all": 0,
     }
+    earlier = _earlier_backward_moment(
+        config, model, groups, rows, state, dt=dt, tokens=pack_tokens, on_cpu=on_cpu, fused=fused, micro=micro
+    )
+    if earlier is not None and sum(earlier.values()) > sum(backward_moment.values()):
+        backward_moment = earlier
     moments = {
         "backward": backward_moment,
         "reduce_scatter": reduce_moment,
@@ -234,6 +247,125 @@ def plan_memory(
     tensor_peak = sum(parts.values())
     parts["headroom"] = int(headroom * tensor_peak)
     return MemoryPlan(parts, 0 if on_cpu else host, tensor_peak + parts["headroom"], tensor_peak, moment)
+
+
+def _earlier_backward_moment(
+    config: TrainConfig,
+    model: ModelConfig,
+    groups: list[FsdpGroup],
+    rows: ReceivedRows,
+    state: dict[str, int],
+    *,
+    dt: int,
+    tokens: int,
+    on_cpu: bool,
+    fused: bool,
+    micro: int,
+) -> dict[str, int] | None:
+    """The largest of the moments when layer i < L-1 starts its backward (None for a one-layer model).
+
+    Walking down, each layer's backward adds the sharded gradients of the layers above it (reduced) and holds
+    the previous layer's reduce-scatter input (FSDP2 keeps it until the next reduce-scatter; gloo copies it
+    once more while the collective runs), while the saved activations of the layers above are gone and every
+    group above, those kept gathered after forward included, has been resharded after its backward. A layer
+    whose recompute and working set are larger than the last one's, such as a dense first layer with a wide
+    MLP, can peak there: cpu-moe with full checkpointing peaks in layer 0's MLP backward, with the five MoE
+    layers' gradients reduced (profiled allocation by allocation, 1 and 2 processes)."""
+    layers = model.num_layers
+    if layers < 2:
+        return None
+    copy = on_cpu or dt == 4
+    checkpointed = set(checkpointed_layers(config.memory.checkpointing, layers))
+    per_layer_shard = _per_layer(groups, lambda g: g.shard_numel)
+    per_layer_gathered = _per_layer(groups, lambda g: g.gathered_numel)
+    head_shard = sum(g.shard_numel for g in groups if g.kind == "head")
+    all_shard = sum(g.shard_numel for g in groups)
+    saved = [
+        _layer_saved(model, rows, i, dt=dt, tokens=tokens, checkpointed=checkpointed, copy=copy, fused=fused)
+        for i in range(layers)
+    ]
+    rotary = tokens * 2 * model.rotary_dim * dt
+    checkpoint = tokens * model.hidden_size * dt
+    # Offload moves every checkpoint but the top checkpointed layer's (xtrain.parallel.offload).
+    offloaded = set(checkpointed) - {max(checkpointed)} if config.memory.offload and checkpointed else set()
+    best: dict[str, int] | None = None
+    for i in range(layers - 1):
+        reduced = all_shard if micro > 1 else head_shard + sum(per_layer_shard.get(j, 0) for j in range(i + 1, layers))
+        below = 0
+        if config.parallel.prefetch and i > 0:
+            below = sum(
+                g.gathered_numel for g in groups if g.layer == i - 1 and g.ranks > 1 and g.reshard_after_forward
+            )
+        in_flight = below if (on_cpu and i not in checkpointed) else 0
+        # The reduce-scatter input of the layer above (fp32), which FSDP2 holds until the next reduce-scatter.
+        # gloo's copy of it lives only while the collective runs, done by the time this layer's MLP backward
+        # peaks in the profiled steps: not counted.
+        above = per_layer_gathered.get(i + 1, 0)
+        held = sum(saved[j] for j in range(i + 1))  # a checkpointed layer's input stays until its backward ends
+        if offloaded:
+            # Offloaded inputs live in host buffers (until the next forward) and come back as device copies: this
+            # layer's and the one prefetched below it. On the CPU the host buffers are the same memory.
+            restored = (i in offloaded) + (i - 1 in offloaded)
+            host_held = len(offloaded) if on_cpu else 0
+            held += checkpoint * (restored + host_held - sum(1 for j in range(i + 1) if j in offloaded))
+        recompute = 0
+        if i in checkpointed:
+            recompute = tokens * layer_activation_bytes_per_token(
+                model, i, dt, attention_output_copy=copy, fused_experts=fused
+            )
+            recompute += _received_extra(model, rows, i, dt)
+        working = tokens * backward_working_bytes_per_token(model, i, dt, fused_experts=fused)
+        if rows.expert_parallel and model.moe is not None and model.is_moe_layer(i):
+            working += rows.extra_rows(i) * dt * 4 * model.moe.moe_intermediate_size
+        moment = {
+            **state,
+            "gradients": MASTER_BYTES * reduced,
+            "fsdp_buffers": dt * (per_layer_gathered.get(i, 0) + below + in_flight) + FP32 * above,
+            "activations": held + rotary + recompute + working,
+            "loss": 0,
+            "all_to_all": _all_to_all_bytes(config, model, rows, dt, layer=i),
+        }
+        if best is None or sum(moment.values()) > sum(best.values()):
+            best = moment
+    return best
+
+
+def _per_layer(groups: list[FsdpGroup], numel: Callable[[FsdpGroup], int]) -> dict[int, int]:
+    totals: dict[int, int] = {}
+    for group in groups:
+        if group.layer is not None:
+            totals[group.layer] = totals.get(group.layer, 0) + numel(group)
+    return totals
+
+
+def _layer_saved(
+    model: ModelConfig,
+    rows: ReceivedRows,
+    layer: int,
+    *,
+    dt: int,
+    tokens: int,
+    checkpointed: set[int],
+    copy: bool,
+    fused: bool,
+) -> int:
+    """What layer ``layer``'s forward keeps until its backward: its full saved set, or when checkpointed its input,
+    its top-k and under expert parallelism its exchange tape."""
+    if layer not in checkpointed:
+        return _layer_saved_bytes(model, layer, rows, dt, tokens, copy=copy, fused=fused)
+    kept = tokens * model.hidden_size * dt
+    moe = model.moe
+    if moe is not None and model.is_moe_layer(layer):
+        kept += tokens * (FP32 + INDEX) * moe.num_experts_per_tok
+        if rows.expert_parallel:
+            kept += (rows.sent + rows.received[layer]) * model.hidden_size * dt
+    return kept
+
+
+def _received_extra(model: ModelConfig, rows: ReceivedRows, layer: int, dt: int) -> int:
+    if not rows.expert_parallel or not model.is_moe_layer(layer):
+        return 0
+    return rows.extra_rows(layer) * _received_row_bytes(model, dt)
 
 
 def fused_experts_path(config: TrainConfig, model: ModelConfig, layout: ParallelLayout, *, on_cpu: bool) -> bool:
@@ -404,11 +536,10 @@ def _last_layer_bytes(
     copy = on_cpu or dt == 4
     recompute = 0
     if _last_layer_checkpointed(config, model):
-        # Measured (trace.memory, debug and cpu-moe with full checkpointing on 2k-token packs): when the fused CPU
-        # path recomputes the last layer and starts its backward, the step holds as much as the grouped path's
-        # saved set, not the fused path's smaller one (planned with the fused set, the peak came out 7-9 % low;
-        # measured again once the head and last layer were no longer gathered twice in backward: 3-6 % low).
-        recompute = _layer_saved_bytes(model, last, rows, dt, tokens, copy=copy, fused=False)
+        # The recompute saves what the layer's forward saves, on the path it takes (the fused CPU one saves less).
+        # Planned with the grouped path's larger set until the CPU peak was kept by address: the phantom layers
+        # of gloo's thread had made the fused set look 3-9 % low on 2 processes.
+        recompute = _layer_saved_bytes(model, last, rows, dt, tokens, copy=copy, fused=fused)
     working = tokens * backward_working_bytes_per_token(model, last, dt, fused_experts=fused)
     if rows.expert_parallel and model.moe is not None and model.is_moe_layer(last):
         working += rows.extra_rows(last) * dt * 4 * model.moe.moe_intermediate_size  # the SwiGLU's, per row
@@ -430,21 +561,21 @@ def _loss_bytes(config: TrainConfig, model: ModelConfig, dt: int, tokens: int) -
     return logits + gradients
 
 
-def _all_to_all_bytes(config: TrainConfig, model: ModelConfig, rows: ReceivedRows, dt: int) -> int:
-    """The exchange rows live at the backward moment, in the last MoE layer's backward (S rows sent, R received,
-    D wide, per slice: 1/N of them for N Domino slices).
-
-    - Not recomputed: a slice's experts run their backward after its combine's gradient exchange has ended (its
-      rows are then the working set's incoming gradient) and before its dispatch's gradient exchange starts, so
-      only the other slices' exchanges are in flight beside them (two at most: the next combine, the previous
-      dispatch); with one slice there are none. Measured: counting one slice's buffers in that case put the plan
-      2-5 % above every step of debug with ep 2 (2 and 4 processes); without them the steps agree within 2.4 %.
-    - Recomputed (the last layer checkpointed): the recomputed forward's exchange rows are live beside the tape
-      when the backward starts, as many as one slice's send and receive buffers (cpu-moe, ep 2, full
-      checkpointing: without them the plan is 4-7 % low)."""
+def _all_to_all_bytes(
+    config: TrainConfig, model: ModelConfig, rows: ReceivedRows, dt: int, *, layer: int | None = None
+) -> int:
+    """The exchange rows live beside an MoE layer's experts' backward (the last one's by default): S rows sent and
+    R received, D wide, per Domino slice 1/N of them. A slice's experts run their backward after its combine's
+    gradient exchange has ended (its rows are then the working set's incoming gradient) and before its
+    dispatch's gradient exchange starts, so only the other slices' exchanges are in flight beside them (two at
+    most: the next combine, the previous dispatch); with one slice there are none. Measured on debug (ep 2, 2
+    and 4 processes) and cpu-moe (ep 2, full checkpointing): counting one slice's buffers put the plan 2-5 % and
+    up to 7 % above the steps' peaks; without them they agree within 2.4 %."""
     if not rows.expert_parallel or model.moe is None or not rows.received:
         return 0
-    last = max(rows.received)
+    layer = max(rows.received) if layer is None else layer
+    if layer not in rows.received:
+        return 0
     slices = config.parallel.domino_slices
-    overlapping = min(slices, 2) if _last_layer_checkpointed(config, model) else min(slices - 1, 2)
-    return int((rows.sent + rows.received[last]) * model.hidden_size * dt * overlapping / slices)
+    overlapping = min(slices - 1, 2)
+    return int((rows.sent + rows.received[layer]) * model.hidden_size * dt * overlapping / slices)
