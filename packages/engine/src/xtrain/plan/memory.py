@@ -265,9 +265,9 @@ def _earlier_backward_moment(
     """The largest of the moments when layer i < L-1 starts its backward (None for a one-layer model).
 
     Walking down, each layer's backward adds the sharded gradients of the layers above it (reduced) and holds
-    the previous layer's reduce-scatter input (FSDP2 keeps it until the next reduce-scatter; gloo copies it
-    once more while the collective runs), while the saved activations of the layers above are gone and every
-    group above, those kept gathered after forward included, has been resharded after its backward. A layer
+    the layer above's fp32 reduce-scatter input (FSDP2 keeps it until the next reduce-scatter), while the saved
+    activations of the layers above are gone and every group above, those kept gathered after forward
+    included, has been resharded after its backward. A layer
     whose recompute and working set are larger than the last one's, such as a dense first layer with a wide
     MLP, can peak there: cpu-moe with full checkpointing peaks in layer 0's MLP backward, with the five MoE
     layers' gradients reduced (profiled allocation by allocation, 1 and 2 processes)."""
@@ -310,13 +310,8 @@ def _earlier_backward_moment(
             held += checkpoint * (restored + host_held - sum(1 for j in range(i + 1) if j in offloaded))
         recompute = 0
         if i in checkpointed:
-            recompute = tokens * layer_activation_bytes_per_token(
-                model, i, dt, attention_output_copy=copy, fused_experts=fused
-            )
-            recompute += _received_extra(model, rows, i, dt)
-        working = tokens * backward_working_bytes_per_token(model, i, dt, fused_experts=fused)
-        if rows.expert_parallel and model.moe is not None and model.is_moe_layer(i):
-            working += rows.extra_rows(i) * dt * 4 * model.moe.moe_intermediate_size
+            recompute = _layer_saved_bytes(model, i, rows, dt, tokens, copy=copy, fused=fused)
+        working = _working_set_bytes(model, rows, i, dt, tokens, fused=fused)
         moment = {
             **state,
             "gradients": MASTER_BYTES * reduced,
@@ -362,10 +357,12 @@ def _layer_saved(
     return kept
 
 
-def _received_extra(model: ModelConfig, rows: ReceivedRows, layer: int, dt: int) -> int:
-    if not rows.expert_parallel or not model.is_moe_layer(layer):
-        return 0
-    return rows.extra_rows(layer) * _received_row_bytes(model, dt)
+def _working_set_bytes(model: ModelConfig, rows: ReceivedRows, layer: int, dt: int, tokens: int, *, fused: bool) -> int:
+    """A layer's backward working set, the SwiGLU's share following the rows its experts received."""
+    working = tokens * backward_working_bytes_per_token(model, layer, dt, fused_experts=fused)
+    if rows.expert_parallel and model.moe is not None and model.is_moe_layer(layer):
+        working += rows.extra_rows(layer) * dt * 4 * model.moe.moe_intermediate_size
+    return working
 
 
 def fused_experts_path(config: TrainConfig, model: ModelConfig, layout: ParallelLayout, *, on_cpu: bool) -> bool:
@@ -459,9 +456,9 @@ def _fsdp_buffers(groups: list[FsdpGroup], dt: int, *, prefetch: bool, backward:
     all-gather on its own thread, as large as the gathered group and held until the collective ends: the
     prefetch in flight at the backward moment, when the last layer's backward starts at once (the caller passes
     ``gloo`` False when that layer is recomputed first: the prefetch's all-gather ends during the recompute).
-    Whether it is still alive at the peak depends on timing: on cpu-moe (2 processes, 512-token packs) the
-    measured peak moved between 140.3 and 147.0 MiB from run to run, by about one gathered layer (6.8 MiB); the
-    plan takes the larger case, the one a run must fit."""
+    Whether it is still alive at the peak depends on timing; the plan counts it, the case a run must fit
+    (cpu-moe, 2 processes, 512-token packs: planned 144.6 MiB, measured 140.6 to 148.8 MiB over the ranks of
+    three runs, the highest with a block the measurement could not see freed, ``xtrain.loss.peak_memory``)."""
     per_layer: dict[int, int] = {}
     for group in groups:
         if group.layer is not None:
@@ -540,10 +537,7 @@ def _last_layer_bytes(
         # Planned with the grouped path's larger set until the CPU peak was kept by address: the phantom layers
         # of gloo's thread had made the fused set look 3-9 % low on 2 processes.
         recompute = _layer_saved_bytes(model, last, rows, dt, tokens, copy=copy, fused=fused)
-    working = tokens * backward_working_bytes_per_token(model, last, dt, fused_experts=fused)
-    if rows.expert_parallel and model.moe is not None and model.is_moe_layer(last):
-        working += rows.extra_rows(last) * dt * 4 * model.moe.moe_intermediate_size  # the SwiGLU's, per row
-    return recompute + working
+    return recompute + _working_set_bytes(model, rows, last, dt, tokens, fused=fused)
 
 
 def _loss_bytes(config: TrainConfig, model: ModelConfig, dt: int, tokens: int) -> int:
