@@ -180,8 +180,8 @@ def compare(case: Case, steps: int, out: Path) -> dict[str, Any]:
         measured = max(r.mem_tensor_peak_bytes or 0 for r in scored)
         # Under expert parallelism each step is planned with the rows this rank's experts received in it (the
         # routing, recorded by trace.memory); otherwise every step has the same plan.
-        planned = max(plan_for(config, model, layout, cpu, expert_rows=r.expert_rows).tensor_peak_bytes
-                      for r in scored)  # fmt: skip
+        planned = max((plan_for(config, model, layout, cpu, expert_rows=r.expert_rows) if r.expert_rows else plan)
+                      .tensor_peak_bytes for r in scored)  # fmt: skip
         steady.append(measured)
         planned_peaks.append(planned)
         first.append(next(r.mem_tensor_peak_bytes for r in steps_of_rank if r.step == 1))

@@ -84,10 +84,8 @@ def moe_blocks(model: nn.Module) -> list[MoEBlock]:
 def received_rows(model: nn.Module) -> list[int] | None:
     """Rows each MoE block's experts received in its last forward, in module order (None without expert
     parallelism)."""
-    schedules = [block.expert_schedule for block in moe_blocks(model)]
-    if not schedules or not all(isinstance(s, ExpertParallelSchedule) for s in schedules):
-        return None
-    return [s.received_rows for s in schedules if isinstance(s, ExpertParallelSchedule)]
+    schedules = [b.expert_schedule for b in moe_blocks(model) if isinstance(b.expert_schedule, ExpertParallelSchedule)]
+    return [schedule.received_rows for schedule in schedules] or None
 
 
 def apply_expert_parallel(

@@ -459,10 +459,7 @@ def _fsdp_buffers(groups: list[FsdpGroup], dt: int, *, prefetch: bool, backward:
     Whether it is still alive at the peak depends on timing; the plan counts it, the case a run must fit
     (cpu-moe, 2 processes, 512-token packs: planned 144.6 MiB, measured 140.6 to 148.8 MiB over the ranks of
     three runs, the highest with a block the measurement could not see freed, ``xtrain.loss.peak_memory``)."""
-    per_layer: dict[int, int] = {}
-    for group in groups:
-        if group.layer is not None:
-            per_layer[group.layer] = per_layer.get(group.layer, 0) + group.gathered_numel
+    per_layer = _per_layer(groups, lambda g: g.gathered_numel)
     kept = sum(g.gathered_numel for g in groups if not g.reshard_after_forward and g.layer is None)
     last_index = max(per_layer, default=None)
     last = per_layer[last_index] if last_index is not None else 0
@@ -492,37 +489,27 @@ def _saved_activations(
     on_cpu: bool,
     fused: bool,
 ) -> tuple[int, int]:
-    """(device bytes, host bytes) of what forward keeps for backward, at the end of the forward."""
+    """(device bytes, host bytes) of what forward keeps for backward, at the end of the forward: every layer's
+    :func:`_layer_saved`, with offload keeping only ``offload_resident_layers`` inputs on the device."""
     layers = model.num_layers
     checkpointed = set(checkpointed_layers(config.memory.checkpointing, layers))
     checkpoint = tokens * model.hidden_size * dt
-    moe = model.moe
     copy = on_cpu or dt == 4  # the per-document SDPA path: CPU, and fp32 anywhere
-    routing = (FP32 + INDEX) * moe.num_experts_per_tok if moe is not None else 0
-
-    # The exchange tape of a checkpointed MoE layer (the rows it received and the S rows combined back) stays on
-    # the device until the layer's backward; offload moves only the layer's input.
-    moe_checkpointed = [i for i in checkpointed if model.is_moe_layer(i)]
-    kept_routing = len(moe_checkpointed) * tokens * routing
-    if rows.expert_parallel:
-        tape_rows = sum(rows.sent + rows.received[i] for i in moe_checkpointed)
-        kept_routing += tape_rows * model.hidden_size * dt
-    full = sum(
-        _layer_saved_bytes(model, i, rows, dt, tokens, copy=copy, fused=fused)
+    saved = sum(
+        _layer_saved(model, rows, i, dt=dt, tokens=tokens, checkpointed=checkpointed, copy=copy, fused=fused)
         for i in range(layers)
-        if i not in checkpointed
     )
-    inputs = len(checkpointed) * checkpoint
     host = 0
     if config.memory.offload and checkpointed:
+        # The exchange tape and top-k of a checkpointed MoE layer stay on the device; offload moves the input.
         resident = min(config.memory.offload_resident_layers, len(checkpointed))
         host = (len(checkpointed) - 1) * checkpoint  # the top checkpointed layer is never offloaded
-        inputs = resident * checkpoint
+        saved -= (len(checkpointed) - resident) * checkpoint
         if on_cpu:
-            inputs += host  # the host buffers are in the same memory
+            saved += host  # the host buffers are in the same memory
     rotary = tokens * 2 * model.rotary_dim * dt
     final_norm = tokens * _norm_bytes(model.hidden_size, 1, dt, output_saved=False)
-    return full + inputs + kept_routing + rotary + final_norm, host
+    return saved + rotary + final_norm, host
 
 
 def _last_layer_bytes(

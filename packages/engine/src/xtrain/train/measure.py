@@ -68,8 +68,7 @@ def measure_step(
             return run()
 
     if device.type == "cpu" and profiler_running:
-        result = metered()
-        return result, StepMeasure(None, dict(meter.sent), expert_rows())
+        return metered(), StepMeasure(None, dict(meter.sent), expert_rows())
     quiet: AbstractContextManager[object] = (
         kineto_notices_to(log_path) if device.type == "cpu" else contextlib.nullcontext()
     )
